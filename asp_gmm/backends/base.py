@@ -1,0 +1,136 @@
+"""The small abstract base every runtime implements (numpy reference, C/OpenMP, CUDA).
+
+A backend compiles (or loads from the cache) a variant for a problem into a :class:`Kernel` and opens
+a :class:`Session` over one data set. A session owns the data and the model parameters on the
+device and runs the EM loop; only scalars and, on request, the parameters come back.
+Backends never import the Face (``asp_gmm.gmm``) nor the tuning history.
+"""
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import registry
+from ..problem import Problem
+
+
+@dataclass
+class EMRun:
+    """What one call of :meth:`Session.em` did.
+
+    Attributes
+    ----------
+    loglik : float
+        Total log-likelihood of the session's data under the parameters after the call.
+    iters : int
+        EM iterations run (each an M-step followed by an E-step).
+    converged : bool
+        Stopped because the per-event change was below ``tol``.
+    iter_seconds, cov_seconds : list of float
+        Each iteration's time and the part of it spent in the covariance variant, measured by the
+        backend's own timer (CPU monotonic clock, CUDA events).
+    """
+
+    loglik: float
+    iters: int
+    converged: bool
+    iter_seconds: list = field(default_factory=list)
+    cov_seconds: list = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Kernel:
+    """A variant compiled for a problem class (backend, cvtype, dtype, tunables)."""
+
+    variant: registry.Variant
+    tunables: dict
+    handle: object = None        # backend-specific: a function pointer, a cubin module...
+    binary: str = ""             # path of the cached binary, if any
+
+    @property
+    def label(self) -> str:
+        if not self.tunables:
+            return self.variant.name
+        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in sorted(self.tunables.items())) + ")"
+
+
+class Session(abc.ABC):
+    """One data set and one model on a backend.
+
+    Parameters are exchanged in float64: ``weights`` (M,), ``means`` (M, D), ``covars`` (M, D, D) for
+    full or (M, D) for diag.
+    """
+
+    problem: Problem
+
+    @abc.abstractmethod
+    def set_params(self, weights, means, covars, reg_covar: float) -> None:
+        """Load parameters; raises :class:`asp_gmm.errors.NotPositiveDefiniteError`."""
+
+    @abc.abstractmethod
+    def params(self):
+        """Return float64 copies ``(weights, means, covars)``."""
+
+    @abc.abstractmethod
+    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
+        """Run up to ``max_iters`` EM iterations with ``kernel`` computing the covariance."""
+
+    @abc.abstractmethod
+    def loglik(self) -> float:
+        """Total log-likelihood under the current parameters (runs the E-step if needed)."""
+
+    @abc.abstractmethod
+    def eval(self, want_resp: bool = True):
+        """``(logprob (N,), resp (N, M) or None)`` under the current parameters, in the problem dtype."""
+
+    def close(self) -> None:  # pragma: no cover - default: garbage collection frees everything
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Backend(abc.ABC):
+    """A runtime: where kernels are compiled and sessions run."""
+
+    name: str = ""
+
+    @classmethod
+    @abc.abstractmethod
+    def unavailable_reason(cls) -> str | None:
+        """``None`` when the backend can run here, else why not (and what to install)."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> dict:
+        """A stable description of the device: model, ISA or compute capability, core count,
+        driver and compiler versions. Timings are only compared within one fingerprint."""
+
+    @property
+    def device_id(self) -> str:
+        """sha256 (first 16 hex digits) of the fingerprint: the device part of every stored key."""
+        fp = json.dumps(self.fingerprint(), sort_keys=True)
+        return hashlib.sha256(fp.encode()).hexdigest()[:16]
+
+    def covariance_variants(self, problem: Problem | None = None) -> list:
+        """This backend's covariance variants (those whose declared limits allow ``problem``)."""
+        vs = registry.variants(self.name, "covariance")
+        return [v for v in vs if problem is None or v.allows(problem, extra=self.limit_context())]
+
+    def limit_context(self) -> dict:
+        """Device quantities the variants' limits may name (threads per block, shared memory...)."""
+        return {}
+
+    @abc.abstractmethod
+    def kernel(self, variant: registry.Variant, tunables: dict | None, problem: Problem) -> Kernel:
+        """Compile (or fetch from the cache) ``variant`` for ``problem``'s class."""
+
+    @abc.abstractmethod
+    def open(self, X: np.ndarray, problem: Problem) -> Session:
+        """Open a session over ``X`` ((N, D), C-contiguous, of ``problem.dtype``)."""

@@ -1,0 +1,302 @@
+"""C/OpenMP backend: variants rendered from ``variants/c`` and compiled with the system C compiler,
+loaded through cffi (ABI mode), the whole EM loop running in compiled code.
+
+The EM core (``core.c.j2``) and each covariance variant are separate shared libraries; the core
+receives the variant as a function pointer, so a train call can switch variants between iterations
+(the autotuner explores that way) without copying any data. The library variant ``BLAS`` is a cffi
+callback into numpy's matmul.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import sys
+import threading
+import weakref
+from functools import lru_cache
+
+import cffi
+import numpy as np
+
+from .. import cache, registry
+from ..errors import CompileError, KernelError, NotPositiveDefiniteError
+from ..problem import Problem
+from .base import Backend, EMRun, Kernel, Session
+
+_CDEF = """
+typedef struct asp_state asp_state;
+int asp_abi(void);
+int asp_tile(void);
+asp_state *asp_create(const void *X, int64_t n, int d, int m, void *xt, void *resp, void *logprob,
+                      double *weights, double *means, double *covars, double *nk);
+void asp_destroy(asp_state *s);
+int asp_set_params(asp_state *s, double reg_covar);
+int asp_estep(asp_state *s);
+double asp_loglik(asp_state *s);
+int asp_bad_component(asp_state *s);
+const char *asp_error(asp_state *s);
+int asp_em(asp_state *s, void *cov_fn, int max_iters, int min_iters, double tol, double reg_covar,
+           double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds);
+int asp_covariance(const void *view, double *acc);
+"""
+ffi = cffi.FFI()
+ffi.cdef(_CDEF)
+
+_ERR_NOT_PD, _ERR_NONFINITE, _ERR_ALLOC = 1, 2, 3
+#: Covariance condition limits (squared pivot ratio) by working precision.
+COND_LIMIT = {"float32": 1e10, "float64": 1e15}
+
+
+def _compiler() -> list:
+    return (os.environ.get("ASP_GMM_CC") or os.environ.get("CC") or "gcc").split()
+
+
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
+         "-fno-trapping-math", "-ffp-contract=fast"]
+
+
+@lru_cache(maxsize=1)
+def _cpu() -> dict:
+    model, flags = platform.processor() or platform.machine(), ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        m = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
+        model = m.group(1).strip() if m else model
+        m = re.search(r"^(?:flags|Features)\s*:\s*(.*)$", text, re.M)
+        flags = m.group(1) if m else ""
+    except OSError:
+        pass
+    isa = sorted(set(flags.split()) & {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
+                                        "asimd", "sve", "sse4_2"})
+    return {"model": model, "isa": isa, "arch": platform.machine()}
+
+
+class CBackend(Backend):
+    """Compiled C with OpenMP on this machine's cores."""
+
+    name = "c"
+
+    def __init__(self):
+        reason = self.unavailable_reason()
+        if reason:
+            from ..errors import BackendUnavailableError
+            raise BackendUnavailableError(reason)
+        self._kernels: dict = {}
+        self._cores: dict = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def unavailable_reason(cls):
+        if shutil.which(_compiler()[0]) is None:
+            return (f"the C compiler {_compiler()[0]!r} was not found; install gcc (apt-get install gcc) "
+                    "or set ASP_GMM_CC")
+        return None
+
+    # ------------------------------------------------------------------ device
+    def fingerprint(self) -> dict:
+        cpu = _cpu()
+        return {"backend": "c", "model": cpu["model"], "isa": cpu["isa"], "arch": cpu["arch"],
+                "threads": _omp_threads(), "compiler": cache.tool_version(_compiler())}
+
+    # ------------------------------------------------------------------ compiling
+    def _context(self, problem: Problem) -> dict:
+        f32 = problem.dtype == "float32"
+        lanes = 8 if f32 else 4
+        return {"real": "float" if f32 else "double", "lanes": lanes, "tile": 8 * lanes,
+                "cond_limit": COND_LIMIT[problem.dtype]}
+
+    def _build(self, source: str, name: str):
+        cc = _compiler()
+        key = [cache.tool_version(cc), " ".join(FLAGS), _cpu()["model"], ",".join(_cpu()["isa"]), sys.platform]
+        path = cache.build(source, ".so", lambda src, out: cc + FLAGS + ["-o", out, src, "-lm"], key, name)
+        try:
+            return ffi.dlopen(str(path)), str(path)
+        except OSError:
+            # a binary whose digest matched but that the loader rejects: rebuild once
+            cache.invalidate(path)
+            path = cache.build(source, ".so", lambda src, out: cc + FLAGS + ["-o", out, src, "-lm"], key, name)
+            return ffi.dlopen(str(path)), str(path)
+
+    def core(self, problem: Problem):
+        """The EM core library for ``problem``'s (cvtype, dtype)."""
+        key = (problem.cvtype, problem.dtype)
+        lib = self._cores.get(key)
+        if lib is None:
+            with self._lock:
+                lib = self._cores.get(key)
+                if lib is None:
+                    v = registry.get("c", "core", "core")
+                    src = registry.render(v, None, _class_problem(problem), **self._context(problem))
+                    lib, _ = self._build(src, f"c-core-{problem.cvtype}-{problem.dtype}")
+                    if lib.asp_abi() != 1:
+                        raise KernelError("EM core ABI mismatch; clear the cache folder")
+                    self._cores[key] = lib
+        return lib
+
+    def kernel(self, variant, tunables, problem: Problem) -> Kernel:
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
+        k = self._kernels.get(key)
+        if k is not None:
+            return k
+        with self._lock:
+            k = self._kernels.get(key)
+            if k is None:
+                if not variant.template:
+                    k = Kernel(variant, tun, handle=None)
+                else:
+                    src = registry.render(variant, tun, _class_problem(problem), **self._context(problem))
+                    label = Kernel(variant, tun).label
+                    lib, path = self._build(src, f"c-{label}-{problem.cvtype}-{problem.dtype}")
+                    k = Kernel(variant, tun, handle=(lib, ffi.cast("void *", lib.asp_covariance)), binary=path)
+                self._kernels[key] = k
+        return k
+
+    def open(self, X, problem: Problem) -> "CSession":
+        return CSession(self, X, problem)
+
+
+def _class_problem(problem: Problem) -> Problem:
+    """Sources depend on cvtype and dtype only (N, D, M are run-time arguments), so one binary
+    serves every size: render with placeholder sizes so the cache key does not vary with them."""
+    return Problem(0, 0, 0, problem.cvtype, problem.dtype)
+
+
+@lru_cache(maxsize=1)
+def _omp_threads() -> int:
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    try:
+        return int(env.split(",")[0])
+    except ValueError:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class CSession(Session):
+    """Data packed once into the core's tile layout; parameters shared with C through numpy arrays."""
+
+    def __init__(self, backend: CBackend, X: np.ndarray, problem: Problem):
+        self.problem, self.backend = problem, backend
+        N, D, M = problem.N, problem.D, problem.M
+        lib = backend.core(problem)
+        self._lib = lib
+        tile = lib.asp_tile()
+        ntiles, dp = -(-N // tile), D + (D & 1)
+        dt = problem.np_dtype
+        self.X = X
+        self.xt = np.empty((ntiles, dp, tile), dt)
+        self.resp_t = np.empty((ntiles, M, tile), dt)
+        self.logprob_t = np.empty(ntiles * tile, dt)
+        self.weights = np.zeros(M)
+        self.means = np.zeros((M, D))
+        self.covars = np.zeros((M, D, D) if problem.cvtype == "full" else (M, D))
+        self.nk = np.zeros(M)
+        p = ffi.from_buffer
+        state = lib.asp_create(p(X), N, D, M, p(self.xt), p(self.resp_t), p(self.logprob_t),
+                               _dptr(self.weights), _dptr(self.means), _dptr(self.covars), _dptr(self.nk))
+        if state == ffi.NULL:
+            raise MemoryError(f"could not allocate the C session for N={N}, D={D}, M={M}")
+        self._state = state
+        self._finalizer = weakref.finalize(self, lib.asp_destroy, state)
+        self._callbacks = {}
+        self._stale = True
+        self._error = None
+
+    def close(self):
+        self._finalizer()
+
+    # ------------------------------------------------------------------ parameters
+    def set_params(self, weights, means, covars, reg_covar: float) -> None:
+        self.weights[:] = weights
+        self.means[:] = means
+        self.covars[:] = covars
+        self._check(self._lib.asp_set_params(self._state, float(reg_covar)), reg_covar)
+        self._stale = True
+
+    def params(self):
+        return self.weights.copy(), self.means.copy(), self.covars.copy()
+
+    def _check(self, rc: int, reg_covar: float | None = None):
+        if rc == 0:
+            return
+        msg = ffi.string(self._lib.asp_error(self._state)).decode()
+        if self._error is not None:  # an exception raised inside the Python (BLAS) variant
+            err, self._error = self._error, None
+            raise err
+        if rc == _ERR_NOT_PD:
+            raise NotPositiveDefiniteError(int(self._lib.asp_bad_component(self._state)), reg_covar)
+        if rc == _ERR_NONFINITE:
+            raise FloatingPointError(msg)
+        if rc == _ERR_ALLOC:
+            raise MemoryError(msg)
+        raise KernelError(msg or f"C kernel failed with code {rc}")
+
+    # ------------------------------------------------------------------ running
+    def _fn(self, kernel: Kernel):
+        if kernel.handle is not None:
+            return kernel.handle[1]
+        cb = self._callbacks.get(kernel.variant.key)
+        if cb is None:
+            cb = ffi.callback("int(const void *, double *)", self._blas_covariance)
+            self._callbacks[kernel.variant.key] = cb
+        return cb
+
+    def _blas_covariance(self, _view, acc_ptr) -> int:
+        """Library variant: per component, Y = sqrt(resp) * (X - mean); acc = Y^T Y (numpy matmul)."""
+        try:
+            N, D, M = self.problem.N, self.problem.D, self.problem.M
+            full = self.problem.cvtype == "full"
+            cells = D * D if full else D
+            acc = np.frombuffer(ffi.buffer(acc_ptr, 8 * M * cells), dtype=np.float64).reshape(M, cells)
+            dt = self.X.dtype
+            for c in range(M):
+                if self.nk[c] == 0:
+                    acc[c] = 0.0
+                    continue
+                r = self.resp_t[:, c, :].reshape(-1)[:N]
+                diff = self.X - self.means[c].astype(dt)
+                if full:
+                    y = diff * np.sqrt(r)[:, None]
+                    acc[c] = (y.T @ y).reshape(-1)
+                else:
+                    acc[c] = r @ (diff * diff)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            self._error = exc
+            return 1
+
+    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
+        n = max(int(max_iters), 1)
+        it_s, cov_s = np.zeros(n), np.zeros(n)
+        ll, iters, conv = ffi.new("double *"), ffi.new("int *"), ffi.new("int *")
+        rc = self._lib.asp_em(self._state, self._fn(kernel), int(max_iters), int(min_iters), float(tol),
+                              float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s))
+        self._check(rc, reg_covar)
+        self._stale = False
+        k = iters[0]
+        return EMRun(float(ll[0]), k, bool(conv[0]), it_s[:k].tolist(), cov_s[:k].tolist())
+
+    def _estep(self):
+        if self._stale:
+            self._check(self._lib.asp_estep(self._state))
+            self._stale = False
+
+    def loglik(self) -> float:
+        self._estep()
+        return float(self._lib.asp_loglik(self._state))
+
+    def eval(self, want_resp: bool = True):
+        self._estep()
+        N, M = self.problem.N, self.problem.M
+        logprob = self.logprob_t[:N].copy()
+        resp = None
+        if want_resp:
+            resp = np.ascontiguousarray(self.resp_t.transpose(0, 2, 1).reshape(-1, M)[:N])
+        return logprob, resp
+
+
+def _dptr(a: np.ndarray):
+    return ffi.cast("double *", ffi.from_buffer(a))

@@ -1,0 +1,41 @@
+"""Exceptions the package raises; each message says what went wrong and what to do."""
+from __future__ import annotations
+
+from .reference import NotPositiveDefiniteError  # noqa: F401  (re-exported: part of the public API)
+
+
+class ASPGMMError(Exception):
+    """Base class of the package's own errors."""
+
+
+class CompileError(ASPGMMError):
+    """A rendered variant failed to compile.
+
+    Attributes
+    ----------
+    command : list[str]
+        The compiler command that was run.
+    output : str
+        What the compiler printed.
+    source_path : str
+        Path of the rendered source, kept for inspection.
+    """
+
+    def __init__(self, command, output: str, source_path: str, variant: str = ""):
+        self.command, self.output, self.source_path, self.variant = list(command), output, source_path, variant
+        what = f"variant {variant}" if variant else "rendered source"
+        super().__init__(
+            f"compiling {what} failed.\n  command: {' '.join(map(str, self.command))}\n"
+            f"  rendered source: {source_path}\n  compiler output:\n{output.rstrip()}")
+
+
+class BackendUnavailableError(ASPGMMError):
+    """The requested backend cannot run here (missing package, no device)."""
+
+
+class VariantNotApplicableError(ASPGMMError, ValueError):
+    """A pinned variant's declared limits exclude the problem."""
+
+
+class KernelError(ASPGMMError, RuntimeError):
+    """A compiled kernel reported a failure at run time (launch failure, allocation failure...)."""

@@ -1,0 +1,277 @@
+"""The Face: the ``GMM`` class and ``compute_distance_BIC``, compatible with the PyCASP specializer.
+
+It validates input, owns the public attributes, and hands every computation to the
+:class:`~asp_gmm.specializer.Specializer`; it knows nothing of C, CUDA or databases.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .problem import Problem
+from .specializer import Specializer
+
+__all__ = ["GMM", "compute_distance_BIC"]
+
+
+def _as_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt not in (np.float32, np.float64):
+        raise TypeError(f"dtype must be float32 or float64, got {dt}")
+    return dt
+
+
+def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X") -> np.ndarray:
+    """Validate and return X as a C-contiguous (N, D) array of ``dtype``.
+
+    Integer, boolean, complex or object arrays are refused (convert explicitly); float arrays of the
+    other precision and non-contiguous arrays are converted (a copy).
+    """
+    if X is None:
+        raise TypeError(f"{name} is None; pass an (N, D) float array")
+    arr = np.asarray(X)
+    if arr.dtype.kind not in "f":
+        hint = f"{name}.astype(np.{np.dtype(dtype).name})"
+        raise TypeError(f"{name} has dtype {arr.dtype}; GMM training needs floating-point data. Convert it with {hint}.")
+    if arr.ndim != 2:
+        hint = f" For a single feature use {name}.reshape(-1, 1)." if arr.ndim == 1 else ""
+        raise ValueError(f"{name} must be 2-D (N events, D dimensions), got shape {arr.shape}.{hint}")
+    if arr.shape[0] == 0:
+        raise ValueError(f"{name} is empty (0 events); pass at least {max(min_events, 1)} events")
+    if D is not None and arr.shape[1] != D:
+        raise ValueError(f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
+                         f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})")
+    if arr.shape[0] < min_events:
+        raise ValueError(f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
+                         "use fewer components or more data")
+    arr = np.ascontiguousarray(arr, dtype=dtype)
+    if not np.isfinite(arr).all():
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise ValueError(f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
+                         "remove or impute those events before training")
+    return arr
+
+
+class GMM:
+    """A Gaussian mixture model trained by specialized EM.
+
+    Parameters
+    ----------
+    M : int
+        Number of components.
+    D : int
+        Dimensions of the data.
+    means : array (M, D), optional
+    covars : array (M, D, D) for ``cvtype="full"``, (M, D) for ``"diag"``, optional
+    weights : array (M,), optional
+        Initial parameters; those not given are seeded from the data by the first :meth:`train`.
+    cvtype : {"full", "diag"}
+    dtype : {np.float32, np.float64}
+        Working precision of the compiled code (parameters are accumulated in float64).
+    reg_covar : float
+        Added to the diagonal of every covariance after each M-step.
+    backend : {"auto", "c", "numpy", "cuda"}
+        "auto" takes CUDA when pycuda and a GPU are present, else C.
+    variant : str, optional
+        Pin a covariance variant (e.g. "V3"); by default the specializer chooses.
+    seed : int, optional
+        Seeds the initial means (random distinct events); by default events at even intervals.
+
+    Attributes
+    ----------
+    means, covars, weights : ndarray of ``dtype``
+    loglik : float or None
+        Total log-likelihood returned by the last :meth:`train`.
+    n_events : int or None
+        Number of events of the last :meth:`train`.
+    n_iter, converged, last_variant : results of the last :meth:`train`.
+    """
+
+    def __init__(self, M, D, means=None, covars=None, weights=None, cvtype="full", dtype=np.float32,
+                 reg_covar=1e-6, backend="auto", variant=None, seed=None):
+        for name, val in (("M", M), ("D", D)):
+            if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {val!r}")
+        if cvtype not in ("full", "diag"):
+            raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+        if not (isinstance(reg_covar, numbers.Real) and reg_covar >= 0 and np.isfinite(reg_covar)):
+            raise ValueError(f"reg_covar must be a finite number >= 0, got {reg_covar!r}")
+        self.M, self.D, self.cvtype = int(M), int(D), cvtype
+        self.dtype = _as_dtype(dtype)
+        self.reg_covar = float(reg_covar)
+        self.variant, self.seed = variant, seed
+        self._specializer = Specializer(backend)
+        self.backend = self._specializer.backend.name
+        self.means = self.covars = self.weights = None
+        if means is not None:
+            self.means = self._check_param("means", means, (self.M, self.D))
+        if covars is not None:
+            shape = (self.M, self.D, self.D) if cvtype == "full" else (self.M, self.D)
+            self.covars = self._check_param("covars", covars, shape)
+        if weights is not None:
+            w = self._check_param("weights", weights, (self.M,))
+            if np.any(w < 0) or not np.isclose(w.sum(dtype=np.float64), 1.0, rtol=1e-4):
+                raise ValueError("weights must be non-negative and sum to 1")
+            self.weights = w
+        self.loglik = None
+        self.n_events = None
+        self.n_iter = 0
+        self.converged = False
+        self.last_variant = None
+
+    def _check_param(self, name, value, shape):
+        arr = np.asarray(value)
+        if arr.dtype.kind not in "fiu":
+            raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
+        if arr.shape != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+        if not np.isfinite(arr).all():
+            raise ValueError(f"{name} contains NaN or infinity")
+        return np.ascontiguousarray(arr, dtype=self.dtype)
+
+    # ------------------------------------------------------------------ helpers
+    def _problem(self, N: int) -> Problem:
+        return Problem(N, self.D, self.M, self.cvtype, self.dtype.name)
+
+    def _seed(self, X: np.ndarray) -> None:
+        """Seed missing parameters from the data: means at distinct events, every covariance the
+        data's (co)variance, equal weights."""
+        N = X.shape[0]
+        X64 = X.astype(np.float64)
+        if self.means is None:
+            if self.seed is None:
+                idx = (np.arange(self.M) * N) // self.M
+            else:
+                idx = np.sort(np.random.default_rng(self.seed).choice(N, self.M, replace=False))
+            self.means = X[idx].astype(self.dtype)
+        if self.covars is None:
+            if self.cvtype == "full":
+                cov = np.atleast_2d(np.cov(X64, rowvar=False, bias=True)) + self.reg_covar * np.eye(self.D)
+                self.covars = np.repeat(cov[None], self.M, axis=0).astype(self.dtype)
+            else:
+                var = X64.var(axis=0) + self.reg_covar
+                self.covars = np.repeat(var[None], self.M, axis=0).astype(self.dtype)
+            if not np.all(np.isfinite(self.covars)) or np.any(
+                    (np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
+                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
+                                 "drop constant features")
+        if self.weights is None:
+            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
+
+    def _params64(self):
+        if self.means is None or self.covars is None or self.weights is None:
+            raise RuntimeError("the model has no parameters yet: call train(X) first or pass means, "
+                               "covars and weights")
+        return (self.weights.astype(np.float64), self.means.astype(np.float64),
+                self.covars.astype(np.float64))
+
+    # ------------------------------------------------------------------ public API
+    def train(self, X, min_em_iters=1, max_em_iters=10, tol=1e-3):
+        """Run EM on X; the first call seeds missing parameters, later calls warm-start.
+
+        Parameters
+        ----------
+        X : array (N, D)
+        min_em_iters, max_em_iters : int
+            EM iterations (M-step then E-step) run: at least ``min_em_iters``, at most
+            ``max_em_iters``; in between, stop once the mean per-event log-likelihood changes by
+            less than ``tol``.
+        tol : float
+
+        Returns
+        -------
+        float
+            Total log-likelihood of X under the trained parameters.
+        """
+        for name, val in (("min_em_iters", min_em_iters), ("max_em_iters", max_em_iters)):
+            if not isinstance(val, numbers.Integral) or val < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
+        if not (isinstance(tol, numbers.Real) and tol >= 0):
+            raise ValueError(f"tol must be a number >= 0, got {tol!r}")
+        X = check_data(X, self.D, self.dtype, self.M)
+        self._seed(X)
+        res = self._specializer.train(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar,
+                                      int(min_em_iters), int(max_em_iters), float(tol), self.variant)
+        self.weights = res.weights.astype(self.dtype)
+        self.means = res.means.astype(self.dtype)
+        self.covars = res.covars.astype(self.dtype)
+        self.loglik, self.n_events = res.loglik, X.shape[0]
+        self.n_iter, self.converged, self.last_variant = res.iters, res.converged, res.variant
+        self.last_train = res
+        return res.loglik
+
+    def eval(self, X):
+        """Per-event log-likelihood and posteriors.
+
+        Parameters
+        ----------
+        X : array (N, D)
+
+        Returns
+        -------
+        logprob : ndarray (N,)
+        posteriors : ndarray (N, M)
+        """
+        X = check_data(X, self.D, self.dtype)
+        return self._specializer.evaluate(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar, True)
+
+    def score(self, X):
+        """Per-event log-likelihood, ndarray (N,)."""
+        X = check_data(X, self.D, self.dtype)
+        return self._specializer.evaluate(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar, False)[0]
+
+    def predict(self, X):
+        """Most likely component of each event, ndarray (N,) of int."""
+        return np.argmax(self.eval(X)[1], axis=1)
+
+    def __repr__(self):
+        return (f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, "
+                f"backend={self.backend!r})")
+
+
+def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X, X1=None, X2=None, min_em_iters=1, max_em_iters=10, tol=1e-3):
+    """Merge two models and score the merge (the agglomerative-clustering distance).
+
+    The merged model has ``M1 + M2`` components initialised from both models, their weights scaled
+    by the share of the data each model was trained on; it is trained on ``X`` (normally the union
+    of both models' data). Because the merged model has as many parameters as the two together, the
+    BIC penalties cancel and the score is the log-likelihood difference.
+
+    Parameters
+    ----------
+    gmm1, gmm2 : GMM
+        Trained models of the same D, cvtype and dtype.
+    X : array (N, D)
+        Data of the merged cluster.
+    X1, X2 : array (N1, D), (N2, D), optional
+        Each model's own data. When given, ``L(gmm_i)`` is its log-likelihood on ``X_i`` and the
+        weight shares are ``N_i / (N1 + N2)``; otherwise the log-likelihood and event count of
+        each model's last :meth:`GMM.train` are used.
+    min_em_iters, max_em_iters, tol
+        As in :meth:`GMM.train` for the merged model.
+
+    Returns
+    -------
+    merged : GMM
+    score : float
+        ``L(merged on X) - L(gmm1) - L(gmm2)``; positive favours merging.
+    """
+    if gmm1.D != gmm2.D or gmm1.cvtype != gmm2.cvtype:
+        raise ValueError("the two models must have the same D and cvtype to be merged")
+    parts = []
+    for g, Xi, name in ((gmm1, X1, "gmm1"), (gmm2, X2, "gmm2")):
+        if Xi is not None:
+            parts.append((float(np.sum(g.score(Xi), dtype=np.float64)), np.asarray(Xi).shape[0]))
+        elif g.loglik is None:
+            raise ValueError(f"{name} has not been trained; train it or pass its data as X{name[-1]}")
+        else:
+            parts.append((g.loglik, g.n_events))
+    (l1, n1), (l2, n2) = parts
+    w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
+    merged = GMM(gmm1.M + gmm2.M, gmm1.D, means=np.concatenate([gmm1.means, gmm2.means]),
+                 covars=np.concatenate([gmm1.covars, gmm2.covars]), weights=w / w.sum(),
+                 cvtype=gmm1.cvtype, dtype=gmm1.dtype, reg_covar=gmm1.reg_covar,
+                 backend=gmm1.backend)
+    ll = merged.train(X, min_em_iters=min_em_iters, max_em_iters=max_em_iters, tol=tol)
+    return merged, ll - l1 - l2

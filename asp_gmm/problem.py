@@ -1,0 +1,51 @@
+"""The problem a specialized call solves: sizes, covariance type and precision."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+CVTYPES = ("full", "diag")
+DTYPES = ("float32", "float64")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One EM problem.
+
+    Attributes
+    ----------
+    N : int
+        Number of events (rows of X).
+    D : int
+        Dimensions (features).
+    M : int
+        Mixture components.
+    cvtype : {"full", "diag"}
+    dtype : {"float32", "float64"}
+    """
+
+    N: int
+    D: int
+    M: int
+    cvtype: str = "full"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.cvtype not in CVTYPES:
+            raise ValueError(f"cvtype must be one of {CVTYPES}, got {self.cvtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    @property
+    def cells(self) -> int:
+        """Covariance cells computed per component (lower triangle for full, D for diag)."""
+        return self.D * (self.D + 1) // 2 if self.cvtype == "full" else self.D
+
+    @property
+    def np_dtype(self):
+        return np.dtype(self.dtype)
+
+    def as_dict(self) -> dict:
+        return dict(N=self.N, D=self.D, M=self.M, cvtype=self.cvtype, dtype=self.dtype,
+                    cells=self.cells)

@@ -1,0 +1,232 @@
+"""Variants as data: their manifests, their declared limits, and rendering a template to source.
+
+Each variant is a TOML manifest beside its Jinja2 template under ``variants/<backend>/`` (installed as
+``asp_gmm.variants``)::
+
+    name = "V3"
+    backend = "c"
+    phase = "covariance"           # "core" (the EM driver), "covariance", "estep", ...
+    template = "cov_v3.c.j2"       # empty for a variant implemented by the backend itself
+    cvtypes = ["full", "diag"]
+    dtypes = ["float32", "float64"]
+    description = "..."
+    [tunables]                     # name = list of allowed values; the first is the default
+    chunk_tiles = [8, 4, 16]
+    [[limits]]                     # a Python-syntax boolean over the problem and the tunables
+    require = "D * (D + 1) // 2 <= threads"
+    reason = "one thread per covariance cell"
+
+Rendering is one function, :func:`render`: (variant, tunables, problem, backend context) -> source.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import itertools
+import operator
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+import jinja2
+import jinja2.meta
+
+from .problem import Problem
+
+_VARIANTS_PACKAGE = "asp_gmm.variants"
+
+
+@dataclass(frozen=True)
+class Limit:
+    require: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A code variant described by its manifest."""
+
+    name: str
+    backend: str
+    phase: str
+    template: str
+    cvtypes: tuple
+    dtypes: tuple
+    description: str
+    tunables: dict = field(hash=False, compare=False)
+    limits: tuple = ()
+    source_sha256: str = ""
+
+    @property
+    def key(self) -> str:
+        """Stable identifier: backend/name."""
+        return f"{self.backend}/{self.name}"
+
+    def default_tunables(self) -> dict:
+        return {k: v[0] for k, v in self.tunables.items()}
+
+    def tunable_space(self):
+        """Every combination of tunable values, defaults first."""
+        names = list(self.tunables)
+        for combo in itertools.product(*(self.tunables[n] for n in names)):
+            yield dict(zip(names, combo))
+
+    def check(self, problem: Problem, tunables: dict | None = None, extra: dict | None = None):
+        """Return ``None`` when the variant can run the problem, else the reason it cannot."""
+        if problem.cvtype not in self.cvtypes:
+            return f"{self.key} does not implement cvtype={problem.cvtype!r}"
+        if problem.dtype not in self.dtypes:
+            return f"{self.key} does not implement dtype={problem.dtype!r}"
+        env = dict(problem.as_dict())
+        env.update(self.default_tunables())
+        env.update(tunables or {})
+        env.update(extra or {})
+        for lim in self.limits:
+            if not evaluate(lim.require, env):
+                return f"{self.key}: {lim.reason} (requires {lim.require}; N={problem.N}, D={problem.D}, M={problem.M})"
+        return None
+
+    def allows(self, problem: Problem, tunables: dict | None = None, extra: dict | None = None) -> bool:
+        return self.check(problem, tunables, extra) is None
+
+
+# ---------------------------------------------------------------- limit expressions
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv,
+           ast.Pow: operator.pow}
+_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
+           ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
+           ast.NotIn: lambda a, b: a not in b}
+_FUNCS = {"min": min, "max": max, "abs": abs}
+
+
+def evaluate(expr: str, env: dict):
+    """Evaluate a limit expression: arithmetic, comparisons, and/or/not, min/max/abs over names."""
+    return _eval(_parse(expr), env)
+
+
+@lru_cache(maxsize=None)
+def _parse(expr: str):
+    return ast.parse(expr, mode="eval").body
+
+
+def _eval(node, env):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        if node.id not in env:
+            raise KeyError(f"limit expression names unknown quantity {node.id!r}")
+        return env[node.id]
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
+        v = _eval(node.operand, env)
+        return -v if isinstance(node.op, ast.USub) else not v
+    if isinstance(node, ast.BoolOp):
+        vals = (_eval(v, env) for v in node.values)
+        return all(vals) if isinstance(node.op, ast.And) else any(vals)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, env)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, env)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
+        return _FUNCS[node.func.id](*(_eval(a, env) for a in node.args))
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_eval(e, env) for e in node.elts)
+    raise ValueError(f"unsupported construct in limit expression: {ast.dump(node)}")
+
+
+# ---------------------------------------------------------------- loading
+def _variants_root():
+    return resources.files(_VARIANTS_PACKAGE)
+
+
+@lru_cache(maxsize=None)
+def _environment(backend: str) -> jinja2.Environment:
+    root = _variants_root()
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(root / backend), str(root)]),
+        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+        keep_trailing_newline=True)
+
+
+def _template_closure_sha256(backend: str, template: str) -> str:
+    """sha256 over a template and every template it includes, imports or extends (recursively)."""
+    env = _environment(backend)
+    seen, order, todo = set(), [], [template]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        src = env.loader.get_source(env, name)[0]
+        order.append((name, src))
+        todo.extend(t for t in jinja2.meta.find_referenced_templates(env.parse(src)) if t)
+    h = hashlib.sha256()
+    for name, src in sorted(order):
+        h.update(name.encode() + b"\0" + src.encode() + b"\0")
+    return h.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def all_variants() -> tuple:
+    """Every variant declared under ``variants/``, sorted by backend and name."""
+    out = []
+    root = _variants_root()
+    for backend_dir in sorted(root.iterdir(), key=lambda p: p.name):
+        if not backend_dir.is_dir() or backend_dir.name.startswith("_"):
+            continue
+        for mf in sorted(backend_dir.iterdir(), key=lambda p: p.name):
+            if not mf.name.endswith(".toml"):
+                continue
+            data = tomllib.loads(mf.read_text())
+            backend = data.get("backend", backend_dir.name)
+            template = data.get("template", "")
+            if template:
+                sha = _template_closure_sha256(backend_dir.name, template)
+            else:  # implemented by the backend module itself: the manifest is its source
+                sha = hashlib.sha256(mf.read_bytes()).hexdigest()
+            out.append(Variant(
+                name=data["name"], backend=backend, phase=data.get("phase", "covariance"),
+                template=template, cvtypes=tuple(data.get("cvtypes", ["full", "diag"])),
+                dtypes=tuple(data.get("dtypes", ["float32", "float64"])),
+                description=data.get("description", ""),
+                tunables={k: list(v) for k, v in data.get("tunables", {}).items()},
+                limits=tuple(Limit(l["require"], l.get("reason", "declared limit"))
+                             for l in data.get("limits", [])),
+                source_sha256=sha))
+    return tuple(out)
+
+
+def variants(backend: str | None = None, phase: str | None = None) -> list:
+    """Declared variants, optionally filtered by backend and phase."""
+    return [v for v in all_variants()
+            if (backend is None or v.backend == backend) and (phase is None or v.phase == phase)]
+
+
+def get(backend: str, name: str, phase: str | None = None) -> Variant:
+    """The variant ``name`` of ``backend``; ``KeyError`` listing the known names otherwise."""
+    for v in variants(backend, phase):
+        if v.name.lower() == name.lower():
+            return v
+    known = ", ".join(v.name for v in variants(backend, phase))
+    raise KeyError(f"no variant {name!r} for backend {backend!r}; known: {known}")
+
+
+def render(variant: Variant, tunables: dict | None, problem: Problem, **context) -> str:
+    """Render ``variant``'s template for ``problem`` with ``tunables`` and backend ``context``."""
+    if not variant.template:
+        raise ValueError(f"{variant.key} has no template: the backend implements it directly")
+    params = variant.default_tunables()
+    params.update(tunables or {})
+    unknown = set(tunables or {}) - set(variant.tunables)
+    if unknown:
+        raise ValueError(f"{variant.key} has no tunables {sorted(unknown)}; it has {sorted(variant.tunables)}")
+    env = _environment(variant.backend)
+    tmpl = env.get_template(variant.template)
+    return tmpl.render(problem=problem, variant=variant, **problem.as_dict(), **params, **context)

@@ -1,0 +1,165 @@
+"""Turns one ``train`` call into a problem, a device and a plan, and runs it.
+
+The specializer asks Selection for a plan, asks the Backend for compiled kernels (the compile cache
+makes that free after the first time), opens a session over the data, runs the exploration
+iterations (one iteration per untried variant, each timed by the backend and reported back) and
+then the remaining iterations with the chosen variant, entirely in compiled code.
+It never validates user input (the Face does) and never touches the tuning history directly
+(Selection does).
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import selection
+from .backends import get_backend
+from .errors import CompileError, KernelError, VariantNotApplicableError
+from .problem import Problem
+from .selection import Config
+
+log = logging.getLogger("asp_gmm")
+
+
+@dataclass
+class TrainResult:
+    """Outcome of :meth:`Specializer.train`.
+
+    Attributes
+    ----------
+    weights : ndarray (M,); means : ndarray (M, D); covars : ndarray (M, D, D) or (M, D)
+        Final parameters, float64.
+    loglik : float
+        Total log-likelihood of X under the final parameters.
+    iters : int
+    converged : bool
+    variant : str
+        Label of the configuration that ran the bulk of the iterations (or the last explored one).
+    explored : list of str
+        Configurations tried for one iteration each.
+    reason : str
+        Why the selector chose it ("history", "predicted", "rule", "pinned", ...).
+    seconds : float
+        Wall time of the call inside the specializer.
+    """
+
+    weights: np.ndarray
+    means: np.ndarray
+    covars: np.ndarray
+    loglik: float
+    iters: int
+    converged: bool
+    variant: str
+    explored: list
+    reason: str
+    seconds: float
+
+
+class Specializer:
+    """Runs EM for the Face on one backend."""
+
+    def __init__(self, backend="auto", selector: selection.Selector | None = None):
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        self._selector = selector
+
+    @property
+    def selector(self) -> selection.Selector:
+        return self._selector or selection.default_selector()
+
+    def candidates(self, problem: Problem, variant: str | None = None) -> list:
+        """Configurations (variant + default tunables) whose limits allow ``problem``."""
+        if variant is not None:
+            from . import registry
+            try:
+                v = registry.get(self.backend.name, variant, "covariance")
+            except KeyError as exc:
+                raise ValueError(str(exc.args[0])) from None
+            why = v.check(problem, extra=self.backend.limit_context())
+            if why:
+                raise VariantNotApplicableError(f"pinned variant cannot run this problem: {why}; "
+                                                "choose another variant or variant=None")
+            return [Config.of(v)]
+        cands = [Config.of(v) for v in self.backend.covariance_variants(problem)]
+        if not cands:
+            raise VariantNotApplicableError(
+                f"no {self.backend.name} variant can run N={problem.N}, D={problem.D}, M={problem.M} "
+                f"({problem.cvtype}, {problem.dtype}); see `asp-gmm info` for the variants' limits")
+        return cands
+
+    def train(self, X, weights, means, covars, problem: Problem, reg_covar: float,
+              min_iters: int, max_iters: int, tol: float, variant: str | None = None) -> TrainResult:
+        t_start = time.perf_counter()
+        sel = self.selector
+        tuning = selection.autotune_enabled()
+        plan = sel.plan(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None)
+        explore = list(plan.explore) if tuning else []
+        session = self.backend.open(X, problem)
+        try:
+            session.set_params(weights, means, covars, reg_covar)
+            iters, converged, explored, used = 0, False, [], None
+            N = problem.N
+            while explore and iters < max_iters and not converged:
+                cfg = explore.pop(0)
+                kernel = self._kernel(cfg, problem, sel)
+                if kernel is None:
+                    continue
+                before = session.loglik()
+                try:
+                    run = session.em(kernel, 1, 1, 0.0, reg_covar)
+                except KernelError as exc:
+                    sel.record(self.backend, problem, cfg, "launch-failed")
+                    log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
+                    continue
+                iters += 1
+                explored.append(cfg.label)
+                used = cfg
+                if tuning:
+                    sel.record(self.backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
+                converged = iters >= min_iters and abs(run.loglik - before) / N < tol
+            if iters < max_iters and not converged:
+                primary = plan.primary
+                kernel = self._kernel(primary, problem, sel, reraise=variant is not None)
+                fallbacks = [c for c in self.candidates(problem, variant) if c != primary]
+                while kernel is None and fallbacks:
+                    primary = fallbacks.pop(0)
+                    kernel = self._kernel(primary, problem, sel)
+                if kernel is None:
+                    raise KernelError("every candidate variant failed to compile; see the warnings above")
+                run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
+                iters += run.iters
+                converged = run.converged
+                used = primary
+                if tuning and run.iters:
+                    sel.record(self.backend, problem, primary, "ok", statistics.median(run.iter_seconds),
+                               statistics.median(run.cov_seconds), run.iters)
+            loglik = session.loglik()
+            w, mu, cv = session.params()
+        finally:
+            session.close()
+        label = used.label if used is not None else plan.primary.label
+        return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
+                           time.perf_counter() - t_start)
+
+    def _kernel(self, cfg: Config, problem: Problem, sel, reraise: bool = False):
+        try:
+            return self.backend.kernel(cfg.variant, cfg.params, problem)
+        except CompileError as exc:
+            sel.record(self.backend, problem, cfg, "compile-failed")
+            if reraise:
+                raise
+            log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
+                        cfg.label, exc)
+            return None
+
+    def evaluate(self, X, weights, means, covars, problem: Problem, reg_covar: float, want_resp=True):
+        """``(logprob (N,), resp (N, M) or None)`` of X under the given parameters."""
+        session = self.backend.open(X, problem)
+        try:
+            session.set_params(weights, means, covars, reg_covar)
+            return session.eval(want_resp)
+        finally:
+            session.close()

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up .venv with the test and example dependencies, then run the whole test suite.
+# GPU tests run only where pycuda and an NVIDIA GPU exist (skipped with the reason elsewhere);
+# CUDA templates are compiled with nvcc everywhere nvcc exists.
+set -euo pipefail
+cd "$(dirname "$0")"
+bash scripts/setup_env.sh test,examples
+exec "${ASP_GMM_VENV:-.venv}/bin/python" -m pytest -q "$@"
