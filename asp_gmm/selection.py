@@ -54,7 +54,7 @@ class Plan:
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
 #: reason. C: V4 splits the events, so all cores work for any M (V3 idles cores when M is small);
-#: CUDA: set by the CUDA backend's manifests (first listed variant that allows the problem).
+#: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
     "c": ["V4", "V3", "BLAS", "V2", "V1"],
     "numpy": ["reference"],
@@ -86,7 +86,7 @@ class RuleSelector(Selector):
             raise ValueError(f"no variant of backend {backend.name!r} can run {problem}")
         if pinned or len(candidates) == 1:
             return Plan(candidates[0], [], "pinned" if pinned else "only candidate")
-        order = PREFERENCE.get(backend.name, [])
+        order = list(getattr(backend, "preference", None) or PREFERENCE.get(backend.name, []))
         rank = {n: i for i, n in enumerate(order)}
         best = min(candidates, key=lambda c: rank.get(c.variant.name, len(order)))
         log.debug("rule: %s for %s on %s", best.label, problem, backend.name)
