@@ -45,6 +45,8 @@ class TrainResult:
         Why the selector chose it ("history", "predicted", "rule", "pinned", ...).
     seconds : float
         Wall time of the call inside the specializer.
+    loglik_trace : list of float
+        Log-likelihood before the first iteration and after each (``iters + 1`` values).
     """
 
     weights: np.ndarray
@@ -57,6 +59,7 @@ class TrainResult:
     explored: list
     reason: str
     seconds: float
+    loglik_trace: list
 
 
 class Specializer:
@@ -101,6 +104,7 @@ class Specializer:
         try:
             session.set_params(weights, means, covars, reg_covar)
             iters, converged, explored, used = 0, False, [], None
+            trace = []
             N = problem.N
             while explore and iters < max_iters and not converged:
                 cfg = explore.pop(0)
@@ -115,6 +119,7 @@ class Specializer:
                     log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
                     continue
                 iters += 1
+                trace.extend(run.loglik_trace[1 if trace else 0:])
                 explored.append(cfg.label)
                 used = cfg
                 if tuning:
@@ -131,18 +136,21 @@ class Specializer:
                     raise KernelError("every candidate variant failed to compile; see the warnings above")
                 run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
                 iters += run.iters
+                trace.extend(run.loglik_trace[1 if trace else 0:])
                 converged = run.converged
                 used = primary
                 if tuning and run.iters:
                     sel.record(self.backend, problem, primary, "ok", statistics.median(run.iter_seconds),
                                statistics.median(run.cov_seconds), run.iters)
             loglik = session.loglik()
+            if not trace:
+                trace = [loglik]
             w, mu, cv = session.params()
         finally:
             session.close()
         label = used.label if used is not None else plan.primary.label
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
-                           time.perf_counter() - t_start)
+                           time.perf_counter() - t_start, trace)
 
     def _kernel(self, cfg: Config, problem: Problem, sel, reraise: bool = False):
         try:

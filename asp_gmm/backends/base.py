@@ -33,6 +33,9 @@ class EMRun:
     iter_seconds, cov_seconds : list of float
         Each iteration's time and the part of it spent in the covariance variant, measured by the
         backend's own timer (CPU monotonic clock, CUDA events).
+    loglik_trace : list of float
+        ``iters + 1`` values: the log-likelihood before the first iteration and after each one
+        (scikit-learn's ``lower_bound_`` is the second to last, times 1/N).
     """
 
     loglik: float
@@ -40,6 +43,7 @@ class EMRun:
     converged: bool
     iter_seconds: list = field(default_factory=list)
     cov_seconds: list = field(default_factory=list)
+    loglik_trace: list = field(default_factory=list)
 
 
 @dataclass(eq=False)

@@ -38,7 +38,8 @@ double asp_loglik(asp_state *s);
 int asp_bad_component(asp_state *s);
 const char *asp_error(asp_state *s);
 int asp_em(asp_state *s, void *cov_fn, int max_iters, int min_iters, double tol, double reg_covar,
-           double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds);
+           double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds,
+           double *ll_trace);
 int asp_covariance(const void *view, double *acc);
 """
 ffi = cffi.FFI()
@@ -270,14 +271,15 @@ class CSession(Session):
 
     def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
         n = max(int(max_iters), 1)
-        it_s, cov_s = np.zeros(n), np.zeros(n)
+        it_s, cov_s, trace = np.zeros(n), np.zeros(n), np.zeros(n + 1)
         ll, iters, conv = ffi.new("double *"), ffi.new("int *"), ffi.new("int *")
         rc = self._lib.asp_em(self._state, self._fn(kernel), int(max_iters), int(min_iters), float(tol),
-                              float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s))
+                              float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s), _dptr(trace))
         self._check(rc, reg_covar)
         self._stale = False
         k = iters[0]
-        return EMRun(float(ll[0]), k, bool(conv[0]), it_s[:k].tolist(), cov_s[:k].tolist())
+        return EMRun(float(ll[0]), k, bool(conv[0]), it_s[:k].tolist(), cov_s[:k].tolist(),
+                     trace[:k + 1].tolist())
 
     def _estep(self):
         if self._stale:

@@ -63,7 +63,7 @@ class NumpySession(Session):
         logprob, resp = self._estep(reg_covar)
         ll = float(logprob.sum())
         N = self.problem.N
-        iters, conv, it_s, cov_s = 0, False, [], []
+        iters, conv, it_s, cov_s, trace = 0, False, [], [], [ll]
         while iters < max_iters:
             t0 = time.perf_counter()
             nk, w, mu = ref.mstep_weights_means(self.X, resp, self.means)
@@ -76,10 +76,11 @@ class NumpySession(Session):
             iters += 1
             new = float(logprob.sum())
             change, ll = (new - ll) / N, new
+            trace.append(ll)
             if iters >= min_iters and abs(change) < tol:
                 conv = True
                 break
-        return EMRun(ll, iters, conv, it_s, cov_s)
+        return EMRun(ll, iters, conv, it_s, cov_s, trace)
 
     def loglik(self) -> float:
         return float(self._estep()[0].sum())
