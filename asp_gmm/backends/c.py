@@ -28,6 +28,7 @@ from .base import Backend, EMRun, Kernel, Session
 _CDEF = """
 typedef struct asp_state asp_state;
 int asp_abi(void);
+void asp_set_threads(asp_state *s, int n);
 int asp_tile(void);
 asp_state *asp_create(const void *X, int64_t n, int d, int m, void *xt, void *resp, void *logprob,
                       double *weights, double *means, double *covars, double *nk);
@@ -132,7 +133,7 @@ class CBackend(Backend):
                     v = registry.get("c", "core", "core")
                     src = registry.render(v, None, _class_problem(problem), **self._context(problem))
                     lib, _ = self._build(src, f"c-core-{problem.cvtype}-{problem.dtype}")
-                    if lib.asp_abi() != 1:
+                    if lib.asp_abi() != 2:
                         raise KernelError("EM core ABI mismatch; clear the cache folder")
                     self._cores[key] = lib
         return lib
@@ -167,9 +168,20 @@ def _class_problem(problem: Problem) -> Problem:
     return Problem(0, 0, 0, problem.cvtype, problem.dtype)
 
 
+#: Below this many multiply-adds per E-step (N * M * D^2) a problem runs on one thread: forking
+#: and joining OpenMP teams several times per iteration costs more than it saves (and much more on
+#: a loaded machine). About 1 ms of single-core work.
+SERIAL_WORK = 2e7
+
+
+def threads_for(problem: Problem) -> int:
+    work = problem.N * problem.M * (problem.D + 1) ** 2
+    return 1 if work < SERIAL_WORK else _omp_threads()
+
+
 @lru_cache(maxsize=1)
 def _omp_threads() -> int:
-    env = os.environ.get("OMP_NUM_THREADS", "")
+    env = os.environ.get("ASP_GMM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS", "")
     try:
         return int(env.split(",")[0])
     except ValueError:
@@ -202,6 +214,7 @@ class CSession(Session):
             raise MemoryError(f"could not allocate the C session for N={N}, D={D}, M={M}")
         self._state = state
         self._finalizer = weakref.finalize(self, lib.asp_destroy, state)
+        lib.asp_set_threads(state, threads_for(problem))
         self._callbacks = {}
         self._stale = True
         self._error = None
