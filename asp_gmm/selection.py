@@ -8,12 +8,62 @@ measured timing and every failure back through :meth:`Selector.record`.
 
 :class:`RuleSelector` is the fixed, documented rule used when no history is available:
 the first configuration of the backend's preference list (:data:`PREFERENCE`) that is a candidate.
+
+:class:`HistorySelector` (the default) chooses from the measured history of this device
+(``asp_gmm.tuning_db``), invisibly to the caller:
+
+*Problem identity.* Timings are stored with the exact (N, D, M, cvtype, dtype); selection groups
+them by *problem class*: the same D, M, cvtype, dtype and N within half an octave (``round(2 *
+log2 N)``, :func:`problem_class`). Within a class, timings are compared per event (seconds / N), so
+a class measured at N = 10 000 serves N = 12 000 without new exploration; a program that trains on
+thousands of slightly different N (the diarization example) explores each class once, not each N.
+
+1. *Exploit.* Every valid candidate has an ``ok`` timing in this class: run the fastest (median
+   of its rows' seconds per event per EM iteration), no exploration. Reason ``"history"``.
+2. *Explore* (autotuning on, the default): some valid candidates are untried in this class. The
+   bulk runs the fastest measured one (or the predicted best when none is measured) and each
+   untried candidate runs one EM iteration first, most promising first (the prediction order of
+   3.). Every EM iteration computes the same function, so the result of ``train`` is unchanged;
+   the backend's timer measures each iteration and the specializer records it. Reason
+   ``"explore"``. A call with fewer iterations than untried variants explores the rest next time.
+3. *Predict* (autotuning off, ``ASP_GMM_AUTOTUNE=0``, and the class not fully measured): from the
+   nearest measured classes on this device of the same cvtype and dtype, with the distance
+
+       d = sqrt((0.5 * ln(N/N'))**2 + (ln(D/D'))**2 + (ln(M/M'))**2)
+
+   (log-sizes; N weighs half because the ranking of the variants depends mostly on D and M: how
+   the covariance cells and components spread over the cores). The :data:`NEIGHBOURS` nearest
+   classes in which at least two candidates were measured each score every candidate by
+   ``ln(t_variant / t_fastest there)``; scores are averaged with weights ``1 / (d + 0.25)`` and the
+   lowest wins; candidates never measured nearby rank after, in the rule's order. Reason
+   ``"predicted"`` (logged at debug level), or ``"rule"`` when nothing usable is measured.
+4. *Limits and failures.* Candidates come from the backend already filtered by their declared
+   limits, so an excluded variant is never compiled or run; a tuned configuration read from the
+   history is checked against the limits again. A ``compile-failed`` row excludes that (variant
+   source hash, tunables) for every problem of its cvtype and dtype on the device; a
+   ``launch-failed`` or ``invalid`` row excludes it for that (D, M, cvtype, dtype), any N. Neither
+   is retried until the source changes (a new hash is a new key).
+
+*Tunables.* ``train`` explores each variant with its default tunables only (the manifest's first
+values): a 10-iteration call cannot afford the product of every variant's tunable space. ``asp-gmm
+tune --tunables`` measures the other combinations; once the history has a faster tuned
+configuration for a class, exploitation uses it.
+
+*Cost.* The history of the device is read once per process into memory
+(:meth:`asp_gmm.tuning_db.History.view`) and folded into per-class aggregates; planning on a warm
+history is dictionary look-ups (tens of microseconds). Records are queued and written in batches
+(one transaction per second at most, and at exit).
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
+import threading
+import warnings
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .problem import Problem
 from .registry import Variant
@@ -78,6 +128,13 @@ class Selector:
         "invalid"). The rule keeps nothing."""
 
 
+def rule_order(backend, candidates: list) -> list:
+    """``candidates`` sorted by the backend's preference list (unlisted ones last, stable)."""
+    order = list(getattr(backend, "preference", None) or PREFERENCE.get(backend.name, []))
+    rank = {n: i for i, n in enumerate(order)}
+    return sorted(candidates, key=lambda c: rank.get(c.variant.name, len(order)))
+
+
 class RuleSelector(Selector):
     """The documented fixed rule (no history, no exploration)."""
 
@@ -86,21 +143,309 @@ class RuleSelector(Selector):
             raise ValueError(f"no variant of backend {backend.name!r} can run {problem}")
         if pinned or len(candidates) == 1:
             return Plan(candidates[0], [], "pinned" if pinned else "only candidate")
-        order = list(getattr(backend, "preference", None) or PREFERENCE.get(backend.name, []))
-        rank = {n: i for i, n in enumerate(order)}
-        best = min(candidates, key=lambda c: rank.get(c.variant.name, len(order)))
+        best = rule_order(backend, candidates)[0]
         log.debug("rule: %s for %s on %s", best.label, problem, backend.name)
         return Plan(best, [], "rule")
+
+
+# ---------------------------------------------------------------------------------- history
+#: Classes consulted by the nearest-neighbour prediction (rule 3).
+NEIGHBOURS = 4
+#: Weight of log N in the prediction distance (D and M weigh 1).
+N_WEIGHT = 0.5
+#: Timings kept per (class, configuration) in memory for the median (the database keeps all).
+_KEEP = 63
+
+
+def problem_class(problem: Problem) -> tuple:
+    """The key timings are grouped by: (cvtype, dtype, D, M, N in half-octaves)."""
+    return (problem.cvtype, problem.dtype, problem.D, problem.M, round(2 * math.log2(max(problem.N, 1))))
+
+
+class _Agg:
+    """Seconds per event per EM iteration of one configuration in one class."""
+
+    __slots__ = ("values", "median", "n")
+
+    def __init__(self):
+        self.values, self.median, self.n = [], 0.0, 0
+
+    def add(self, v: float):
+        if len(self.values) < _KEEP:
+            self.values.append(v)
+        else:
+            self.values[self.n % _KEEP] = v
+        self.n += 1
+        s = sorted(self.values)
+        k = len(s)
+        self.median = s[k // 2] if k % 2 else 0.5 * (s[k // 2 - 1] + s[k // 2])
+
+
+class _Index:
+    """Aggregates of one device's rows: ok timings per class, failures per scope."""
+
+    def __init__(self, view):
+        self.view = view
+        self.consumed = 0
+        self.classes: dict = {}          # class key -> {VariantKey: _Agg}
+        self.compile_failed: set = set()  # (VariantKey, cvtype, dtype)
+        self.run_failed: set = set()      # (VariantKey, cvtype, dtype, D, M)
+        self._coords: dict = {}           # (cvtype, dtype) -> (class keys, array of log-coordinates)
+
+    def update(self):
+        rows = self.view.rows
+        if self.consumed == len(rows):
+            return
+        for r in rows[self.consumed:]:
+            if r.status == "ok":
+                if r.seconds is None or r.N <= 0:
+                    continue
+                ck = (r.cvtype, r.dtype, r.D, r.M, round(2 * math.log2(max(r.N, 1))))
+                per = self.classes.get(ck)
+                if per is None:
+                    per = self.classes[ck] = {}
+                    self._coords.pop((r.cvtype, r.dtype), None)
+                agg = per.get(r.variant)
+                if agg is None:
+                    agg = per[r.variant] = _Agg()
+                agg.add(r.seconds / r.N)
+            elif r.status == "compile-failed":
+                self.compile_failed.add((r.variant, r.cvtype, r.dtype))
+            else:
+                self.run_failed.add((r.variant, r.cvtype, r.dtype, r.D, r.M))
+        self.consumed = len(rows)
+
+    def failed(self, vk, problem: Problem) -> bool:
+        return ((vk, problem.cvtype, problem.dtype) in self.compile_failed
+                or (vk, problem.cvtype, problem.dtype, problem.D, problem.M) in self.run_failed)
+
+    def nearest(self, problem: Problem):
+        """Measured classes of the problem's cvtype and dtype, nearest first: [(distance, key)]."""
+        ct = (problem.cvtype, problem.dtype)
+        got = self._coords.get(ct)
+        if got is None:
+            keys = [k for k in self.classes if k[:2] == ct]
+            arr = np.array([(N_WEIGHT * k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3])) for k in keys],
+                           dtype=float).reshape(-1, 3)
+            got = self._coords[ct] = (keys, arr)
+        keys, arr = got
+        if not keys:
+            return []
+        here = np.array([N_WEIGHT * math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M)])
+        d = np.sqrt(((arr - here) ** 2).sum(axis=1))
+        return [(float(d[i]), keys[i]) for i in np.argsort(d, kind="stable")]
+
+
+class HistorySelector(Selector):
+    """Selection from the measured history of the device (see the module documentation).
+
+    Parameters
+    ----------
+    history : asp_gmm.tuning_db.History, optional
+        The store to read and record into; by default the one at ``$ASP_GMM_DB`` (or the user data
+        folder), opened on first use and re-opened when ``ASP_GMM_DB`` changes. When it cannot be
+        opened, one warning says why and the fixed rule (:class:`RuleSelector`) decides instead.
+    """
+
+    def __init__(self, history=None):
+        self._fixed = history
+        self._rule = RuleSelector()
+        self._lock = threading.RLock()
+        self._indexes: dict = {}    # (id(history), device_id) -> _Index
+        self._devices: dict = {}    # id(backend) -> (backend, device_id, fingerprint)
+        self._vkeys: dict = {}      # Config -> VariantKey
+
+    # ------------------------------------------------------------------ plumbing
+    def history(self):
+        """The :class:`~asp_gmm.tuning_db.History` in use, or ``None`` when it cannot be opened."""
+        if self._fixed is not None:
+            return self._fixed
+        return _shared_history()
+
+    def _device(self, backend):
+        d = self._devices.get(id(backend))
+        if d is None or d[0] is not backend:
+            fp = backend.fingerprint()
+            d = self._devices[id(backend)] = (backend, backend.device_id, fp)
+        return d[1], d[2]
+
+    def vkey(self, config: Config):
+        """The history key of ``config`` (memoised by variant identity: hashing a Config is slow)."""
+        v = config.variant
+        k = (id(v), config.tunables)
+        got = self._vkeys.get(k)
+        if got is None or got[0] is not v:
+            from .tuning_db import VariantKey
+            got = self._vkeys[k] = (v, VariantKey.of(v.backend, v.name, dict(config.tunables), v.source_sha256))
+        return got[1]
+
+    def index(self, backend, history=None):
+        """The up-to-date aggregates of ``backend``'s device (for tools and tests)."""
+        history = history or self.history()
+        device_id, _ = self._device(backend)
+        key = (id(history), device_id)
+        with self._lock:
+            view = history.view(device_id)
+            idx = self._indexes.get(key)
+            if idx is None or idx.view is not view:
+                idx = self._indexes[key] = _Index(view)
+            idx.update()
+        return idx
+
+    # ------------------------------------------------------------------ policy
+    def plan(self, backend, problem, candidates, pinned=False) -> Plan:
+        if pinned or len(candidates) <= 1:
+            return self._rule.plan(backend, problem, candidates, pinned)
+        history = self.history()
+        if history is None:
+            return self._rule.plan(backend, problem, candidates, pinned)
+        try:
+            history.maybe_flush()
+            idx = self.index(backend, history)
+        except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
+            _disable(history, exc)
+            return self._rule.plan(backend, problem, candidates, pinned)
+        valid = [c for c in candidates if not idx.failed(self.vkey(c), problem)]
+        if not valid:
+            log.debug("every candidate failed before on this device; trying the rule's choice again")
+            return self._rule.plan(backend, problem, candidates)
+        measured = idx.classes.get(problem_class(problem), {})
+        options = self._options(backend, problem, valid, measured, idx)
+        untried = [c for c in valid if self.vkey(c) not in measured]
+        if not untried:
+            best = min(options, key=lambda o: o[1])[0]
+            return Plan(best, [], "history")
+        ranking, predicted = self._rank(backend, problem, valid, idx)
+        if autotune_enabled():
+            primary = min(options, key=lambda o: o[1])[0] if options else ranking[0]
+            explore = [c for c in ranking if c in untried and c != primary]
+            return Plan(primary, explore, "explore")
+        log.debug("%s %s for %s on %s (%s)", "predicted" if predicted else "rule", ranking[0].label, problem,
+                  backend.name, "nearest measured classes" if predicted else "nothing measured nearby")
+        return Plan(ranking[0], [], "predicted" if predicted else "rule")
+
+    def _options(self, backend, problem, valid, measured, idx) -> list:
+        """[(config, median)] measured in this class: the candidates, and tuned configurations of
+        the same variants (same source hash) that the limits allow."""
+        out, by_source = [], {}
+        for c in valid:
+            vk = self.vkey(c)
+            by_source[(vk.backend, vk.name, vk.source_sha256)] = (c.variant, vk.tunables)
+            agg = measured.get(vk)
+            if agg is not None:
+                out.append((c, agg.median))
+        if len(measured) > len(out):
+            for vk, agg in measured.items():
+                got = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                if got is None or vk.tunables == got[1] or idx.failed(vk, problem):
+                    continue
+                v, tun = got[0], vk.tunables_dict
+                if set(tun) != set(v.tunables) or v.check(problem, tun, extra=backend.limit_context()):
+                    continue
+                out.append((Config.of(v, tun), agg.median))
+        return out
+
+    def _rank(self, backend, problem, valid, idx):
+        """Candidates best-first by the nearest-neighbour prediction; (ranking, predicted?)."""
+        base = rule_order(backend, valid)
+        keys = {self.vkey(c): c for c in base}
+        score, weight, used = {}, {}, 0
+        for d, ck in idx.nearest(problem):
+            per = idx.classes[ck]
+            here = [(per[vk].median, vk) for vk in keys if vk in per]
+            if len(here) < 2:
+                continue
+            fastest = min(t for t, _ in here)
+            w = 1.0 / (d + 0.25)
+            for t, vk in here:
+                score[vk] = score.get(vk, 0.0) + w * math.log(t / fastest)
+                weight[vk] = weight.get(vk, 0.0) + w
+            used += 1
+            if used >= NEIGHBOURS:
+                break
+        if not score:
+            return base, False
+        pos = {c: i for i, c in enumerate(base)}
+        ranking = sorted(base, key=lambda c: (0, score[self.vkey(c)] / weight[self.vkey(c)], pos[c])
+                         if self.vkey(c) in score else (1, 0.0, pos[c]))
+        return ranking, True
+
+    def record(self, backend, problem, config, status, seconds=None, cov_seconds=None, repeats=1) -> None:
+        if status == "ok" and not (seconds and seconds > 0):
+            return
+        history = self.history()
+        if history is None:
+            return
+        device_id, fp = self._device(backend)
+        try:
+            history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
+                           problem.dtype, status, seconds, cov_seconds, repeats)
+        except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
+            _disable(history, exc)
+
+    def flush(self) -> None:
+        h = self.history()
+        if h is not None:
+            h.flush()
+
+
+# one History per URL per process, shared by every HistorySelector without an explicit one
+_histories: dict = {}
+_broken: dict = {}
+_urls: dict = {}        # $ASP_GMM_DB -> URL (default_url() touches the file system)
+_hist_lock = threading.Lock()
+
+
+def _shared_history():
+    env = os.environ.get("ASP_GMM_DB", "")
+    url = _urls.get(env)
+    if url is None:
+        from .tuning_db import default_url
+        url = _urls[env] = default_url()
+    h = _histories.get(url)
+    if h is not None or url in _broken:
+        return h
+    with _hist_lock:
+        h = _histories.get(url)
+        if h is None and url not in _broken:
+            from . import __version__
+            from .tuning_db import History, HistoryError
+            try:
+                h = _histories[url] = History(url, package_version=__version__)
+            except HistoryError as exc:
+                _warn_broken(url, exc)
+    return h
+
+
+def _warn_broken(url, exc):
+    _broken[url] = str(exc)
+    msg = (f"asp_gmm: the tuning history cannot be used, so variants are chosen by the fixed rule and "
+           f"nothing is measured in this process: {exc}")
+    log.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+def _disable(history, exc):
+    """A history that failed mid-run: stop using it for the rest of the process (warn once)."""
+    with _hist_lock:
+        for url, h in list(_histories.items()):
+            if h is history:
+                del _histories[url]
+                _warn_broken(url, exc)
+                return
+    if getattr(history, "_asp_gmm_warned", False) is False:
+        history._asp_gmm_warned = True
+        log.warning("asp_gmm: the tuning history failed (%s); continuing without it", exc)
 
 
 _default: Selector | None = None
 
 
 def default_selector() -> Selector:
-    """The selector the specializer uses unless given one."""
+    """The selector the specializer uses unless given one: :class:`HistorySelector`."""
     global _default
     if _default is None:
-        _default = RuleSelector()
+        _default = HistorySelector()
     return _default
 
 

@@ -1,0 +1,333 @@
+"""The tuning history: storage, batching, concurrency, crashes, corrupt files, export/import, and
+PostgreSQL (a throwaway server started here when the binaries and psycopg are installed)."""
+import glob
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asp_gmm import GMM, selection
+from asp_gmm.tuning_db import (SCHEMA_VERSION, History, HistoryError, SchemaMismatchError, VariantKey,
+                               default_url)
+from conftest import make_blobs
+
+FP = {"backend": "c", "model": "Test CPU @ 1 GHz", "isa": ["avx2", "fma"], "arch": "x86_64", "threads": 2,
+      "compiler": "gcc 12"}
+V3 = VariantKey.of("c", "V3", {"chunk_tiles": 4}, "a" * 64)
+V4 = VariantKey.of("c", "V4", {"blocks": 16, "chunk_tiles": 4}, "b" * 64)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def url(tmp_path, name="h.sqlite"):
+    return f"sqlite:///{tmp_path / name}"
+
+
+def test_record_flush_and_read_back(tmp_path):
+    h = History(url(tmp_path), package_version="9.9", flush_interval=3600)
+    h.record("dev1", FP, V3, 10000, 19, 16, "full", "float32", "ok", 0.0125, 0.01, 5)
+    h.record("dev1", FP, V4, 10000, 19, 16, "full", "float32", "compile-failed")
+    assert h.pending == 2 and History(h.url).count() == 0  # batched: nothing written yet
+    assert h.flush() == 2 and h.pending == 0
+    rows = History(h.url).rows()
+    assert [(r.variant, r.N, r.D, r.M, r.status, r.seconds, r.repeats, r.package_version) for r in rows] == [
+        (V3, 10000, 19, 16, "ok", 0.0125, 5, "9.9"), (V4, 10000, 19, 16, "compile-failed", None, 1, "9.9")]
+    assert rows[0].variant.tunables_dict == {"chunk_tiles": 4}
+    (dev, fp, n), = h.devices()
+    assert (dev, fp, n) == ("dev1", FP, 2)
+    with sqlite3.connect(tmp_path / "h.sqlite") as c:
+        assert c.execute("select backend, model, isa, cores, compiler from devices").fetchone() == (
+            "c", "Test CPU @ 1 GHz", "avx2,fma", 2, "gcc 12")
+        assert c.execute("select count(*) from variants").fetchone() == (2,)
+        assert c.execute("select version from asp_gmm_schema").fetchone() == (SCHEMA_VERSION,)
+        assert c.execute("pragma journal_mode").fetchone() == ("wal",)
+    with pytest.raises(ValueError, match="status"):
+        h.record("dev1", FP, V3, 1, 1, 1, "full", "float32", "great")
+    with pytest.raises(ValueError, match="seconds"):
+        h.record("dev1", FP, V3, 1, 1, 1, "full", "float32", "ok", None)
+
+
+def test_batches_are_time_and_size_bounded(tmp_path):
+    h = History(url(tmp_path), batch_rows=10, flush_interval=3600)
+    h.flush()
+    for i in range(9):
+        h.record("d", FP, V3, 100 + i, 2, 2, "full", "float32", "ok", 1e-3)
+    assert h.pending == 9
+    h.record("d", FP, V3, 1000, 2, 2, "full", "float32", "ok", 1e-3)
+    assert h.pending == 0 and h.count() == 10
+    h.flush_interval = 0.05
+    h.record("d", FP, V3, 1, 2, 2, "full", "float32", "ok", 1e-3)
+    time.sleep(0.06)
+    h.maybe_flush()
+    assert h.pending == 0 and h.count() == 11
+
+
+def test_view_is_immediate_for_own_rows_and_refreshes_others(tmp_path):
+    a = History(url(tmp_path), flush_interval=3600, refresh_interval=0.2)
+    b = History(a.url, flush_interval=0)
+    va = a.view("d")
+    assert va.rows == []
+    a.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    assert len(a.view("d").rows) == 1  # visible before it is written
+    b.record("d", FP, V4, 10, 2, 2, "full", "float32", "ok", 2e-3)
+    assert len(a.view("d").rows) == 1  # not yet re-read
+    time.sleep(0.25)
+    assert sorted(r.variant.name for r in a.view("d").rows) == ["V3", "V4"]
+    a.flush()
+    time.sleep(0.25)
+    assert len(a.view("d").rows) == 2  # its own row, read back, is not counted twice
+
+
+def test_default_url_and_plain_paths(tmp_path, monkeypatch):
+    import platformdirs
+    monkeypatch.delenv("ASP_GMM_DB", raising=False)
+    monkeypatch.setattr(platformdirs, "user_data_dir", lambda app: str(tmp_path / "data" / app))
+    assert default_url() == f"sqlite:///{tmp_path / 'data' / 'asp_gmm' / 'history.sqlite'}"
+    monkeypatch.setenv("ASP_GMM_DB", str(tmp_path / "x.sqlite"))
+    assert default_url() == f"sqlite:///{tmp_path / 'x.sqlite'}"
+    assert History().path == str(tmp_path / "x.sqlite")
+
+
+CHILD_WRITER = """
+import sys, time
+from asp_gmm.tuning_db import History, VariantKey
+url, tag, n, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+h = History(url, batch_rows=batch, flush_interval=0 if batch == 1 else 3600)
+k = VariantKey.of("c", "V" + tag, {}, "f" * 64)
+for i in range(n):
+    h.record("dev", {"backend": "c"}, k, 1000 + i, 3, 2, "full", "float32", "ok", 1e-3 + i * 1e-6)
+print("done", flush=True)
+"""
+
+
+def _python(code, *args, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_two_processes_writing_at_once_lose_nothing(tmp_path):
+    u = url(tmp_path)
+    History(u).close()  # created once; the children race on writes
+    # one commits every row, the other in batches of 7 and the rest at exit (atexit)
+    procs = [_python(CHILD_WRITER, u, "1", 300, 1), _python(CHILD_WRITER, u, "2", 300, 7),
+             _python(CHILD_WRITER, u, "3", 150, 1)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    rows = History(u).rows()
+    assert len(rows) == 750 and len({r.uid for r in rows}) == 750
+    for tag, n in (("V1", 300), ("V2", 300), ("V3", 150)):
+        assert sorted(r.N for r in rows if r.variant.name == tag) == list(range(1000, 1000 + n))
+    with sqlite3.connect(tmp_path / "h.sqlite") as c:
+        assert c.execute("pragma integrity_check").fetchone() == ("ok",)
+
+
+def test_creating_the_file_concurrently(tmp_path):
+    u = url(tmp_path, "fresh.sqlite")
+    procs = [_python(CHILD_WRITER, u, str(i), 20, 1) for i in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert History(u).count() == 60
+
+
+CHILD_CRASH = """
+import os, sys
+from sqlalchemy import text
+from asp_gmm.tuning_db import History, VariantKey
+h = History(sys.argv[1], flush_interval=3600)
+k = VariantKey.of("c", "V1", {}, "e" * 64)
+for i in range(50):
+    h.record("dev", {"backend": "c"}, k, 100 + i, 3, 2, "full", "float32", "ok", 1e-3)
+h.flush()
+for i in range(5):  # queued, never written: lost with the process, and only those
+    h.record("dev", {"backend": "c"}, k, 900 + i, 3, 2, "full", "float32", "ok", 1e-3)
+with h._write() as conn:  # die in the middle of a write transaction
+    conn.execute(text("insert into timings (uid, device_id, variant_id, N, D, M, cvtype, dtype, repeats, "
+                      "status, created_at, package_version) values ('x', 'dev', 1, 1, 1, 1, 'full', 'float32', 1, 'ok', "
+                      "'2026-01-01', '')"))
+    sys.stdout.write("mid-write\\n"); sys.stdout.flush()
+    os._exit(9)
+"""
+
+
+def test_a_crash_mid_write_loses_nothing_committed(tmp_path):
+    u = url(tmp_path)
+    p = _python(CHILD_CRASH, u)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 9 and "mid-write" in out, err
+    rows = History(u).rows()
+    assert sorted(r.N for r in rows) == list(range(100, 150))
+    with sqlite3.connect(tmp_path / "h.sqlite") as c:
+        assert c.execute("pragma integrity_check").fetchone() == ("ok",)
+
+
+def test_corrupt_file_names_the_path_and_the_fix(tmp_path):
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"this is not a database\n" * 500)
+    with pytest.raises(HistoryError) as info:
+        History(f"sqlite:///{bad}")
+    msg = str(info.value)
+    assert str(bad) in msg and "corrupt" in msg and "move" in msg and "ASP_GMM_DB" in msg
+
+
+def test_foreign_database_is_refused(tmp_path):
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as c:
+        c.execute("create table invoices (id integer)")
+    with pytest.raises(HistoryError, match="not an asp_gmm tuning history") as info:
+        History(f"sqlite:///{other}")
+    assert str(other) in str(info.value)
+    with sqlite3.connect(other) as c:  # untouched
+        assert [r[0] for r in c.execute("select name from sqlite_master where type='table'")] == ["invoices"]
+
+
+def test_other_schema_version_is_refused(tmp_path):
+    h = History(url(tmp_path))
+    h.close()
+    with sqlite3.connect(tmp_path / "h.sqlite") as c:
+        c.execute("update asp_gmm_schema set version = 99")
+    with pytest.raises(SchemaMismatchError, match="schema version 99"):
+        History(url(tmp_path))
+
+
+def test_train_with_a_corrupt_history_warns_once_and_uses_the_rule(tmp_path, monkeypatch, rng):
+    bad = tmp_path / "corrupt.sqlite"
+    bad.write_bytes(os.urandom(8192))
+    monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{bad}")
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    X = make_blobs(rng, 600, 3, 2, dtype=np.float64)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            g = GMM(2, 3, backend="c", dtype=np.float64)
+            g.train(X)
+            assert g.last_train.reason == "rule" and g.last_train.explored == []
+    msgs = [str(x.message) for x in w if "tuning history" in str(x.message)]
+    assert len(msgs) == 1 and str(bad) in msgs[0] and "move" in msgs[0]
+    assert bad.read_bytes()[:16] != b"SQLite format 3\x00"  # left alone
+
+
+def test_export_import_round_trip(tmp_path):
+    a = History(url(tmp_path, "a.sqlite"))
+    for i in range(5):
+        a.record("devA", FP, V3, 1000 * (i + 1), 19, 4, "full", "float32", "ok", 1e-3 * (i + 1), 5e-4, 3)
+    a.record("devA", FP, V4, 1000, 19, 4, "full", "float32", "launch-failed")
+    assert a.export(tmp_path / "e.json") == 6
+    b = History(url(tmp_path, "b.sqlite"))
+    assert b.import_(tmp_path / "e.json") == (6, 0)
+    assert b.import_(tmp_path / "e.json") == (0, 6)  # idempotent
+    key = lambda r: (r.uid, r.variant, r.N, r.D, r.M, r.status, r.seconds, r.cov_seconds, r.repeats, r.created_at)
+    assert sorted(map(key, a.rows())) == sorted(map(key, b.rows()))
+    assert b.devices() == [("devA", FP, 6)]
+
+
+def test_import_refuses_another_schema_version(tmp_path):
+    a = History(url(tmp_path, "a.sqlite"))
+    a.record("devA", FP, V3, 1000, 19, 4, "full", "float32", "ok", 1e-3)
+    a.export(tmp_path / "e.json")
+    doc = json.loads((tmp_path / "e.json").read_text())
+    doc["schema_version"] = SCHEMA_VERSION + 1
+    (tmp_path / "new.json").write_text(json.dumps(doc))
+    b = History(url(tmp_path, "b.sqlite"))
+    with pytest.raises(SchemaMismatchError, match=f"schema version {SCHEMA_VERSION + 1}.*not imported"):
+        b.import_(tmp_path / "new.json")
+    assert b.count() == 0
+    (tmp_path / "junk.json").write_text('{"hello": 1}')
+    with pytest.raises(HistoryError, match="not an asp_gmm history export"):
+        b.import_(tmp_path / "junk.json")
+
+
+def test_clear(tmp_path):
+    h = History(url(tmp_path))
+    h.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    h.record("d", FP, V4, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    assert h.clear() == 2 and h.count() == 0 and h.devices() == [] and h.view("d").rows == []
+    h.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    assert h.count() == 1
+
+
+# ------------------------------------------------------------------ PostgreSQL
+def _pg_bin():
+    found = shutil.which("initdb")
+    if found:
+        return Path(os.path.realpath(found)).parent
+    cands = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(cands[-1]).parent if cands else None
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throwaway PostgreSQL server in a temporary folder (as the postgres user when run as root)."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install 'psycopg[binary]', the test extra)")
+    bindir = _pg_bin()
+    if bindir is None:
+        pytest.skip("PostgreSQL server binaries not found (apt-get install postgresql)")
+    run_as = []
+    folder = tempfile.mkdtemp(prefix="asp_gmm_pg_")
+    if os.geteuid() == 0:
+        import pwd
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no postgres user to run the server")
+        os.chown(folder, pw.pw_uid, pw.pw_gid)
+        run_as = ["runuser", "-u", "postgres", "--"]
+    data = os.path.join(folder, "data")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run(run_as + [str(bindir / "initdb"), "-D", data, "-U", "postgres", "-A", "trust"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        shutil.rmtree(folder, ignore_errors=True)
+        pytest.skip(f"initdb failed: {r.stderr.strip()[-300:]}")
+    opts = f"-k {folder} -p {port} -c listen_addresses='' -c fsync=off"
+    r = subprocess.run(run_as + [str(bindir / "pg_ctl"), "-D", data, "-o", opts, "-l",
+                                 os.path.join(folder, "log"), "-w", "-t", "60", "start"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        shutil.rmtree(folder, ignore_errors=True)
+        pytest.skip(f"the PostgreSQL server did not start: {r.stdout.strip()[-300:]}")
+    try:
+        yield f"postgresql+psycopg://postgres@/postgres?host={folder}&port={port}"
+    finally:
+        subprocess.run(run_as + [str(bindir / "pg_ctl"), "-D", data, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_postgresql_shared_history(postgres_url, tmp_path):
+    h = History(postgres_url, package_version="0.1")
+    h.clear()
+    h.record("devP", FP, V3, 10000, 19, 16, "full", "float32", "ok", 0.02, 0.01, 5)
+    h.record("devP", FP, V4, 10000, 19, 16, "full", "float32", "launch-failed")
+    h.flush()
+    assert "password" not in h.where and h.path is None
+    # two writers at once, as two machines of a lab would
+    procs = [_python(CHILD_WRITER, postgres_url, str(i), 60, 1 if i == 5 else 9) for i in (5, 6)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    other = History(postgres_url)
+    rows = other.rows()
+    assert len(rows) == 122 and len({r.uid for r in rows}) == 122
+    assert {(r.variant.name, r.status) for r in rows if r.device_id == "devP"} == {("V3", "ok"), ("V4", "launch-failed")}
+    # a selector over the server sees the same history as over a file
+    other.export(tmp_path / "pg.json")
+    local = History(url(tmp_path))
+    assert local.import_(tmp_path / "pg.json") == (122, 0)
+    h.close()
+    other.close()
