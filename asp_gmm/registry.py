@@ -57,6 +57,9 @@ class Variant:
     tunables: dict = field(hash=False, compare=False)
     limits: tuple = ()
     source_sha256: str = ""
+    #: Manifest keys this module does not interpret (e.g. a CUDA variant's ``[[launch]]`` tables and
+    #: ``scratch`` expression); read by the backend that owns the variant.
+    extra: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -142,6 +145,9 @@ def _eval(node, env):
 
 
 # ---------------------------------------------------------------- loading
+_KNOWN_KEYS = {"name", "backend", "phase", "template", "cvtypes", "dtypes", "description", "tunables",
+               "limits"}
+
 def _variants_root():
     return resources.files(_VARIANTS_PACKAGE)
 
@@ -199,7 +205,8 @@ def all_variants() -> tuple:
                 tunables={k: list(v) for k, v in data.get("tunables", {}).items()},
                 limits=tuple(Limit(l["require"], l.get("reason", "declared limit"))
                              for l in data.get("limits", [])),
-                source_sha256=sha))
+                source_sha256=sha,
+                extra={k: v for k, v in data.items() if k not in _KNOWN_KEYS}))
     return tuple(out)
 
 

@@ -1,0 +1,744 @@
+"""CUDA backend through pycuda: the whole EM loop on the GPU, covariance by the selected variant.
+
+Device data layout (one session = one data set; ``real`` is float or double, the problem's dtype;
+``ldn`` = N rounded up to a multiple of 256; columns ``n >= N`` are zero in ``xt`` and ``resp``)::
+
+    xt     real   [D][ldn]    events transposed (uploaded once, transposed on the device)
+    resp   real   [M][ldn]    posteriors of the last E-step, resp[c*ldn + n]
+    logp   real   [ldn]       per-event log-likelihood of the last E-step
+    nk     double [M]         raw counts sum_n resp[c][n] of the running M-step
+    means  real   [M][D]      means of the running M-step (covariances are centred on them)
+    acc    double [M][cells]  covariance sums written by the covariance variant:
+                              full: packed lower triangle, cell p = i*(i+1)/2 + j (j <= i);
+                              diag: cell p = i.   acc[c][p] = sum_n resp[c][n] (x_i - mu_ci)(x_j - mu_cj)
+    prec   real   [M][cells]  upper Cholesky factor U of each precision (inv(cov) = U U^T), packed by
+                              columns: U[i][j] (i <= j) at j*(j+1)/2 + i; diag: 1/sigma_i
+    logc   real   [M]         log w_c - D/2 log(2 pi) + log det U_c
+    stat   double [2]         stat[0]: log-likelihood sum of the E-step; int at stat+1: first bad
+                              component of the last factorisation (INT_MAX when none)
+    params (w64, mu64, cov64 [M][D][D] or [M][D], logdet) in double, backed up before each M-step.
+
+One EM iteration (a handful of launches on one stream, one 16-byte read back):
+``reset -> moments -> means -> covariance variant -> factor -> E-step``, then the host reads
+``stat`` (the log-likelihood scalar and the bad-component word). A failed factorisation restores the
+parameters of the previous iteration (device-to-device copy) and raises
+:class:`~asp_gmm.errors.NotPositiveDefiniteError`.
+
+How a covariance variant plugs in
+---------------------------------
+A variant is a manifest ``variants/cuda/<name>.toml`` (``phase = "covariance"``) and a Jinja2
+template ``variants/cuda/<template>.cu.j2`` that includes ``common.cuh.j2`` and defines ``extern "C"``
+kernels, every one with the signature ``ASP_COV_ARGS``::
+
+    (const real *xt, const real *resp, const real *means, const double *nk,
+     double *acc, double *scratch, int n, int ldn)
+
+The template is rendered with ``real``, ``D``, ``M``, ``cells``, ``cvtype``, ``dtype`` and the
+variant's tunables as constants (``N`` is *not* a constant: it is the ``n`` argument), compiled with
+nvcc for the present GPU and cached. The manifest describes how to launch it::
+
+    scratch = "blocks * M * cells * 8"     # optional: bytes of the scratch buffer it needs
+    [[launch]]                             # one table per kernel, run in order on one stream
+    kernel = "asp_cov_v4_partial"
+    grid = "blocks"                        # an expression or a list of up to 3 expressions
+    block = "threads"
+    shared = "0"                           # optional: dynamic shared memory bytes
+    args = ["xt", "resp", "means", "acc", "n", "m"]   # optional: another argument list (ARG_TYPES)
+
+and ``zero_acc = true`` (top level) has ``acc`` zeroed before the launches (for kernels that add to
+it atomically). A variant without ``[[launch]]`` tables is not offered by this backend.
+
+Expressions are evaluated like limits (asp_gmm.registry.evaluate) over N, D, M, cells, cvtype,
+dtype, ldn, the tunables and the device quantities of :meth:`CudaBackend.limit_context`
+(max_threads, smem_per_block, sm_count). After the launches, ``acc`` must hold every component's
+sums (components with ``nk[c] == 0`` may hold anything finite). Limits (``[[limits]]``) exclude
+problems the mapping cannot run. The E-step is selected the same way from ``phase = "estep"``
+variants (signature ``(xt, means, prec, logc, resp, logp, stat, n, ldn)``; it writes ``resp``,
+``logp`` and adds the log-likelihood to ``stat[0]``); :attr:`CudaBackend.estep_preference` orders them
+and ``ASP_GMM_CUDA_ESTEP`` pins one.
+
+pycuda is imported lazily and CUDA initialised on first use (never at ``import asp_gmm``). Errors
+from the driver are raised as :class:`~asp_gmm.errors.KernelError` naming the kernel and its grid and
+block; ``ASP_GMM_CUDA_SYNC=1`` synchronises after every launch to pin asynchronous faults on the
+launch that caused them.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import threading
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .. import cache, registry
+from ..errors import BackendUnavailableError, KernelError, NotPositiveDefiniteError
+from ..problem import Problem
+from .base import Backend, EMRun, Kernel, Session
+
+#: Covariance condition limits (squared pivot ratio) by working precision (as the C backend).
+COND_LIMIT = {"float32": 1e10, "float64": 1e15}
+NVCC_FLAGS = ["--cubin", "-O3", "--use_fast_math", "-std=c++17"]
+LDN_ALIGN = 256
+_INT_MAX = 2**31 - 1
+#: limit context used when no GPU is present (compile-only checks): an H100
+_DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "sm_count": 132}
+
+
+# ---------------------------------------------------------------------------------------- pycuda
+def _driver():
+    """pycuda.driver, imported on first use; raises BackendUnavailableError if missing."""
+    try:
+        import pycuda.driver as drv
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise BackendUnavailableError(f"pycuda is not installed ({exc}); pip install pycuda") from None
+    return drv
+
+
+def nvcc_command() -> list:
+    """The nvcc command: ``$ASP_GMM_NVCC``, else nvcc on PATH, else the toolkit's default place."""
+    env = os.environ.get("ASP_GMM_NVCC")
+    if env:
+        return env.split()
+    found = shutil.which("nvcc")
+    if found:
+        return [found]
+    for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
+        if os.path.exists(p):
+            return [p]
+    return ["nvcc"]
+
+
+# ---------------------------------------------------------------------------------------- rendering
+def _class_problem(problem: Problem) -> Problem:
+    """Sources depend on D, M, cvtype and dtype; N is a run-time argument (rendered as 0)."""
+    return Problem(0, problem.D, problem.M, problem.cvtype, problem.dtype)
+
+
+def render_source(variant: registry.Variant, tunables: dict | None, problem: Problem) -> str:
+    """The CUDA source of ``variant`` for ``problem``'s class (no pycuda, no GPU needed)."""
+    real = "float" if problem.dtype == "float32" else "double"
+    src = registry.render(variant, tunables, _class_problem(problem), real=real,
+                          cond_limit=COND_LIMIT[problem.dtype])
+    # the launch description is part of what a binary means: keep it in the cached source
+    launches = variant.extra.get("launch", [])
+    return src + f"\n/* asp_gmm launch: {launches!r} scratch: {variant.extra.get('scratch', '')!r} */\n"
+
+
+def compile_cubin(source: str, arch: str, name: str):
+    """Path of the cubin compiled from ``source`` for ``arch`` (e.g. "sm_90"), from the cache."""
+    cmd = nvcc_command()
+    key = [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
+    return cache.build(source, ".cubin", lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
+                       key, name, source_suffix=".cu")
+
+
+def compile_variant(variant, tunables, problem: Problem, arch: str = "sm_90"):
+    """Render and compile one variant (compile-only checks; no GPU needed)."""
+    tun = variant.default_tunables()
+    tun.update(tunables or {})
+    src = render_source(variant, tun, problem)
+    return compile_cubin(src, arch, _binary_name(variant, tun, problem))
+
+
+def _binary_name(variant, tun, problem) -> str:
+    label = Kernel(variant, tun).label
+    return f"cuda-{label}-D{problem.D}-M{problem.M}-{problem.cvtype}-{problem.dtype}"
+
+
+# ---------------------------------------------------------------------------------------- launches
+@dataclass(frozen=True)
+class Launch:
+    """One kernel of a variant: name and grid/block/shared expressions (see the module docstring)."""
+
+    kernel: str
+    grid: tuple
+    block: tuple
+    shared: str = "0"
+    args: tuple = ()        # argument names (ARG_TYPES); empty: the phase's standard signature
+
+    @classmethod
+    def parse(cls, table: dict) -> "Launch":
+        def dims(v):
+            v = v if isinstance(v, (list, tuple)) else [v]
+            return tuple(str(e) for e in v)
+        args = tuple(table.get("args", ()))
+        unknown = [a for a in args if a not in ARG_TYPES]
+        if unknown:
+            raise ValueError(f"launch of {table['kernel']!r} names unknown arguments {unknown}; "
+                             f"known: {sorted(ARG_TYPES)}")
+        return cls(table["kernel"], dims(table.get("grid", "1")), dims(table.get("block", "threads")),
+                   str(table.get("shared", "0")), args)
+
+    def signature(self, default: tuple) -> str:
+        return "".join(ARG_TYPES[a] for a in (self.args or default))
+
+    def config(self, env: dict):
+        grid = tuple(int(registry.evaluate(e, env)) for e in self.grid)
+        block = tuple(int(registry.evaluate(e, env)) for e in self.block)
+        grid = (grid + (1, 1))[:3]
+        block = (block + (1, 1))[:3]
+        return grid, block, int(registry.evaluate(self.shared, env))
+
+
+#: Names a launch table's ``args`` may use, with their pycuda types (P: device pointer, i: int32).
+ARG_TYPES = {"xt": "P", "resp": "P", "means": "P", "nk": "P", "acc": "P", "scratch": "P",
+             "prec": "P", "logc": "P", "logp": "P", "stat": "P", "n": "i", "ldn": "i", "d": "i", "m": "i"}
+#: The standard argument lists (the order of ASP_COV_ARGS and of the E-step kernels).
+COV_ARGS = ("xt", "resp", "means", "nk", "acc", "scratch", "n", "ldn")
+ESTEP_ARGS = ("xt", "means", "prec", "logc", "resp", "logp", "stat", "n", "ldn")
+
+
+def pluggable(variant: registry.Variant) -> bool:
+    """Whether a variant follows this backend's convention (declares its launches)."""
+    return bool(variant.extra.get("launch")) and bool(variant.template)
+
+
+def launches(variant: registry.Variant) -> list:
+    """The launch description of a covariance or E-step variant."""
+    tables = variant.extra.get("launch", [])
+    if not tables:
+        raise ValueError(f"{variant.key} has no [[launch]] table in its manifest")
+    return [Launch.parse(t) for t in tables]
+
+
+@dataclass(eq=False)
+class _Module:
+    """A loaded cubin: prepared functions with their launch descriptions."""
+
+    module: object
+    funcs: list            # [(Launch, function)]
+    scratch: str = "0"
+    tunables: dict = None
+    zero_acc: bool = False  # the manifest asks for acc to be zeroed before the launches
+
+
+# ---------------------------------------------------------------------------------------- device
+class _Device:
+    """The GPU and its primary context, pushed around each piece of work (thread-safe)."""
+
+    def __init__(self, ordinal: int):
+        drv = _driver()
+        drv.init()
+        self.drv = drv
+        self.dev = drv.Device(ordinal)
+        self.ctx = self.dev.retain_primary_context()
+        a = drv.device_attribute
+        self.attrs = {
+            "max_threads": self.dev.get_attribute(a.MAX_THREADS_PER_BLOCK),
+            "smem_per_block": self.dev.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
+            "sm_count": self.dev.get_attribute(a.MULTIPROCESSOR_COUNT),
+        }
+        cc = self.dev.compute_capability()
+        self.arch = f"sm_{cc[0]}{cc[1]}"
+        self.name = self.dev.name()
+        self.memory = self.dev.total_memory()
+
+    @contextlib.contextmanager
+    def active(self):
+        self.ctx.push()
+        try:
+            yield
+        finally:
+            self.drv.Context.pop()
+
+
+@lru_cache(maxsize=1)
+def _probe() -> str | None:
+    try:
+        drv = _driver()
+    except BackendUnavailableError as exc:
+        return str(exc)
+    try:
+        drv.init()
+        count = drv.Device.count()
+    except Exception as exc:  # noqa: BLE001 - pycuda raises its own error types
+        return f"the CUDA driver could not be initialised ({exc}); is an NVIDIA GPU and driver present?"
+    if count == 0:
+        return "no CUDA GPU is present"
+    nv = nvcc_command()
+    if shutil.which(nv[0]) is None and not os.path.exists(nv[0]):
+        return "nvcc (the CUDA compiler) was not found; install the CUDA toolkit or set ASP_GMM_NVCC"
+    return None
+
+
+class CudaBackend(Backend):
+    """NVIDIA GPU through pycuda; kernels rendered from ``variants/cuda`` and compiled with nvcc."""
+
+    name = "cuda"
+    #: rule order when nothing has been measured (V4 fills the GPU for any M; V3 only for M >= SMs)
+    preference = ["V5", "V4", "V3", "V2", "V1"]
+    #: E-step variants in order of preference (the first one whose limits allow the problem)
+    estep_preference = ["estep_fast", "estep"]
+
+    def __init__(self, ordinal: int | None = None):
+        reason = self.unavailable_reason()
+        if reason:
+            raise BackendUnavailableError(reason)
+        self._ordinal = int(os.environ.get("ASP_GMM_CUDA_DEVICE", "0")) if ordinal is None else ordinal
+        self._device = None
+        self._lock = threading.RLock()
+        self._modules: dict = {}
+        self._kernels: dict = {}
+        self._pool: dict = {}
+
+    @classmethod
+    def unavailable_reason(cls):
+        return _probe()
+
+    @property
+    def device(self) -> _Device:
+        if self._device is None:
+            with self._lock:
+                if self._device is None:
+                    self._device = _Device(self._ordinal)
+        return self._device
+
+    def fingerprint(self) -> dict:
+        d = self.device
+        return {"backend": "cuda", "model": d.name, "arch": d.arch, "sm_count": d.attrs["sm_count"],
+                "memory": d.memory, "driver": d.drv.get_driver_version(),
+                "compiler": cache.tool_version(nvcc_command())}
+
+    def covariance_variants(self, problem: Problem | None = None) -> list:
+        """Covariance variants that follow the plug-in convention and whose limits allow ``problem``."""
+        return [v for v in super().covariance_variants(problem) if pluggable(v)]
+
+    def limit_context(self) -> dict:
+        if self._device is None and _probe() is not None:
+            return dict(_DEFAULT_LIMITS)
+        return dict(self.device.attrs)
+
+    # ------------------------------------------------------------------ compiling
+    def _load(self, variant, tunables, problem: Problem, prepare: dict) -> _Module:
+        """Compile (through the cache) and load ``variant``; ``prepare`` maps kernel name to its
+        pycuda argument signature."""
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.D, problem.M,
+               problem.cvtype, problem.dtype)
+        mod = self._modules.get(key)
+        if mod is not None:
+            return mod
+        with self._lock:
+            mod = self._modules.get(key)
+            if mod is None:
+                dev = self.device
+                src = render_source(variant, tun, problem)
+                path = compile_cubin(src, dev.arch, _binary_name(variant, tun, problem))
+                with dev.active():
+                    try:
+                        m = dev.drv.module_from_file(str(path))
+                    except dev.drv.Error:
+                        cache.invalidate(path)
+                        path = compile_cubin(src, dev.arch, _binary_name(variant, tun, problem))
+                        m = dev.drv.module_from_file(str(path))
+                    funcs = []
+                    if variant.phase == "core":
+                        specs = [Launch(k, ("1",), ("1",)) for k in prepare]
+                    else:
+                        specs = launches(variant)
+                    for spec in specs:
+                        fn = m.get_function(spec.kernel)
+                        if variant.phase == "core":
+                            fn.prepare(prepare[spec.kernel])
+                        else:
+                            fn.prepare(spec.signature(prepare["*"]))
+                        funcs.append((spec, fn))
+                mod = _Module(m, funcs, str(variant.extra.get("scratch", "0")), tun,
+                              bool(variant.extra.get("zero_acc", False)))
+                mod.path = str(path)
+                self._modules[key] = mod
+        return mod
+
+    def core(self, problem: Problem) -> _Module:
+        v = registry.get("cuda", "core", "core")
+        return self._load(v, None, problem, _CORE_SIGNATURES)
+
+    def estep_variant(self, problem: Problem):
+        """(variant, tunables) of the E-step for ``problem``."""
+        pinned = os.environ.get("ASP_GMM_CUDA_ESTEP")
+        vs = [v for v in registry.variants("cuda", "estep") if pluggable(v)]
+        if pinned:
+            vs = [registry.get("cuda", pinned, "estep")]
+        else:
+            rank = {n: i for i, n in enumerate(self.estep_preference)}
+            vs = sorted(vs, key=lambda v: rank.get(v.name, len(rank)))
+        ctx = self.limit_context()
+        for v in vs:
+            for tun in v.tunable_space():
+                if v.allows(problem, tun, extra=ctx):
+                    return v, tun
+        raise KernelError(f"no CUDA E-step variant can run {problem}")
+
+    def estep(self, problem: Problem) -> _Module:
+        v, tun = self.estep_variant(problem)
+        return self._load(v, tun, problem, {"*": ESTEP_ARGS})
+
+    def kernel(self, variant, tunables, problem: Problem) -> Kernel:
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        if not pluggable(variant):
+            raise KernelError(f"{variant.key} declares no [[launch]] table; see 'How a covariance variant "
+                              "plugs in' in asp_gmm/backends/cuda.py")
+        mod = self._load(variant, tun, problem, {"*": COV_ARGS})
+        return Kernel(variant, tun, handle=mod, binary=mod.path)
+
+    # ------------------------------------------------------------------ buffers
+    def _acquire(self, problem: Problem) -> "_Buffers":
+        key = (problem.N, problem.D, problem.M, problem.cvtype, problem.dtype)
+        with self._lock:
+            free = self._pool.get(key)
+            if free:
+                return free.pop()
+        return _Buffers(self, problem)
+
+    def _release(self, buf: "_Buffers"):
+        p = buf.problem
+        key = (p.N, p.D, p.M, p.cvtype, p.dtype)
+        with self._lock:
+            lst = self._pool.setdefault(key, [])
+            lst.append(buf)
+            # keep at most two shapes' worth of idle buffers
+            while sum(len(v) for v in self._pool.values()) > 2:
+                for k in list(self._pool):
+                    if self._pool[k] and k != key:
+                        self._pool[k].pop(0).free()
+                        break
+                else:
+                    break
+
+    def open(self, X, problem: Problem) -> "CudaSession":
+        return CudaSession(self, X, problem)
+
+
+_CORE_SIGNATURES = {
+    "asp_transpose": "PPii",
+    "asp_reset": "P",
+    "asp_moments": "PPPii",
+    "asp_means": "PiPPP",
+    "asp_factor": "PPPPPPPPPdi",
+}
+
+
+class _Buffers:
+    """Device memory for one problem shape, reused across sessions of that shape."""
+
+    def __init__(self, backend: CudaBackend, problem: Problem):
+        dev = backend.device
+        drv = dev.drv
+        self.problem = problem
+        N, D, M = problem.N, problem.D, problem.M
+        rs = problem.np_dtype.itemsize
+        full = problem.cvtype == "full"
+        self.ldn = ldn = -(-max(N, 1) // LDN_ALIGN) * LDN_ALIGN
+        cells = problem.cells
+        covcells = D * D if full else D
+        self.off = off = {}
+        n64 = 0
+        for name, size in (("w64", M), ("mu64", M * D), ("cov64", M * covcells), ("logdet", M)):
+            off[name] = 8 * n64
+            n64 += size
+        rbase = -(-8 * n64 // 16) * 16
+        nr = 0
+        for name, size in (("mu", M * D), ("prec", M * cells), ("logc", M)):
+            off[name] = rbase + rs * nr
+            nr += size
+        self.param_bytes = rbase + rs * nr
+        self.sizes = {"w64": M, "mu64": M * D, "cov64": M * covcells, "mu": M * D}
+        core = registry.get("cuda", "core", "core")
+        self.mom_blocks = int(core.default_tunables()["mom_blocks"])
+        with dev.active():
+            try:
+                alloc = drv.mem_alloc
+                self.xt = alloc(max(D * ldn * rs, 16))
+                self.resp = alloc(max(M * ldn * rs, 16))
+                self.logp = alloc(ldn * rs)
+                self.params = alloc(self.param_bytes)
+                self.backup = alloc(self.param_bytes)
+                self.nk = alloc(8 * M)
+                self.part = alloc(8 * self.mom_blocks * M * (D + 1))
+                self.acc = alloc(8 * M * cells)
+                self.work = alloc(8 * (M * D * D + M * D)) if full and (D * D + D) * 8 > 40960 else None
+                self.stat = alloc(16)
+                self.stat_host = drv.pagelocked_zeros(2, np.float64)
+                drv.memset_d8(self.resp, 0, M * ldn * rs)
+                drv.memset_d8(self.logp, 0, ldn * rs)
+                drv.memset_d8(self.params, 0, self.param_bytes)
+                drv.memset_d8(self.acc, 0, 8 * M * cells)
+                self.stream = drv.Stream()
+                self.events = [drv.Event() for _ in range(4)]
+            except drv.Error as exc:
+                raise MemoryError(f"could not allocate GPU memory for N={N}, D={D}, M={M}: {exc}") from None
+        self.scratch = None
+        self.scratch_bytes = 0
+        self.source = None     # (weakref to X, address) of the data xt holds, when reusable
+        self._dev = dev
+
+    def ptr(self, name: str) -> int:
+        return int(self.params) + self.off[name]
+
+    def ensure_scratch(self, nbytes: int):
+        if nbytes > self.scratch_bytes:
+            with self._dev.active():
+                if self.scratch is not None:
+                    self.scratch.free()
+                self.scratch = self._dev.drv.mem_alloc(max(nbytes, 16))
+            self.scratch_bytes = nbytes
+        return self.scratch
+
+    def free(self):
+        with self._dev.active():
+            for name in ("xt", "resp", "logp", "params", "backup", "nk", "part", "acc", "work", "stat",
+                         "scratch"):
+                a = getattr(self, name, None)
+                if a is not None:
+                    a.free()
+                    setattr(self, name, None)
+
+
+def _reusable(X: np.ndarray):
+    """(weakref, address) identifying X when its contents cannot change under us (read-only)."""
+    if X.flags.writeable or X.base is not None and getattr(X.base, "flags", None) is not None \
+            and X.base.flags.writeable:
+        return None
+    try:
+        return (weakref.ref(X), X.__array_interface__["data"][0])
+    except TypeError:
+        return None
+
+
+class CudaSession(Session):
+    """One data set on the GPU; the EM loop issued from here, kernels on one stream."""
+
+    def __init__(self, backend: CudaBackend, X: np.ndarray, problem: Problem):
+        self.problem, self.backend = problem, backend
+        self.dev = backend.device
+        self.drv = self.dev.drv
+        self.core = backend.core(problem)
+        self.estep_mod = backend.estep(problem)
+        self._fn = {spec.kernel: fn for spec, fn in self.core.funcs}
+        self.buf = backend._acquire(problem)
+        self._closed = False
+        self._stale = True
+        self._launched = []
+        self._sync_each = os.environ.get("ASP_GMM_CUDA_SYNC", "0") not in ("", "0")
+        ident = _reusable(X)
+        src = self.buf.source
+        if ident is None or src is None or src[0]() is not X or src[1] != ident[1]:
+            self._upload(X)
+            self.buf.source = ident
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def _env(self) -> dict:
+        env = dict(self.problem.as_dict())
+        env["ldn"] = self.buf.ldn
+        env.update(self.backend.limit_context())
+        return env
+
+    def _launch(self, name, fn, grid, block, *args, shared=0):
+        grid = tuple(grid)
+        self._launched.append(f"{name} grid={grid} block={block}")
+        try:
+            fn.prepared_async_call(grid, block, self.buf.stream, *args, shared_size=shared)
+            if self._sync_each:
+                self.buf.stream.synchronize()
+        except self.drv.Error as exc:
+            raise KernelError(f"CUDA kernel {name} (grid={grid}, block={block}, shared={shared} bytes) "
+                              f"failed: {exc}") from None
+
+    def _sync(self):
+        try:
+            self.buf.stream.synchronize()
+        except self.drv.Error as exc:
+            raise KernelError(f"a CUDA kernel failed ({exc}); launched since the last check: "
+                              + "; ".join(self._launched[-12:])) from None
+        self._launched.clear()
+
+    def _read_stat(self):
+        b = self.buf
+        try:
+            self.drv.memcpy_dtoh_async(b.stat_host, b.stat, b.stream)
+        except self.drv.Error as exc:
+            raise KernelError(f"reading the status back failed: {exc}") from None
+        self._sync()
+        ll = float(b.stat_host[0])
+        bad = int(b.stat_host[1:2].view(np.int32)[0])
+        return ll, (None if bad == _INT_MAX else bad)
+
+    def _upload(self, X: np.ndarray):
+        b, N, D = self.buf, self.problem.N, self.problem.D
+        X = np.ascontiguousarray(X, dtype=self.problem.np_dtype)
+        with self.dev.active():
+            tmp = self.drv.mem_alloc(max(X.nbytes, 16))
+            try:
+                self.drv.memcpy_htod(tmp, X)
+                total = D * b.ldn
+                self._launch("asp_transpose", self._fn["asp_transpose"], (-(-total // 256), 1), (256, 1, 1),
+                             int(tmp), int(b.xt), np.int32(N), np.int32(b.ldn))
+                self._sync()
+            finally:
+                tmp.free()
+
+    # ------------------------------------------------------------------ phases
+    def _reset(self):
+        self._launch("asp_reset", self._fn["asp_reset"], (1, 1), (1, 1, 1), int(self.buf.stat))
+
+    def _factor(self, reg_covar: float, mode: int):
+        b, M = self.buf, self.problem.M
+        ft = int(self.core.tunables["factor_threads"])
+        self._launch("asp_factor", self._fn["asp_factor"], (M, 1), (ft, 1, 1),
+                     int(b.acc), int(b.nk), b.ptr("w64"), b.ptr("cov64"), b.ptr("logdet"), b.ptr("prec"),
+                     b.ptr("logc"), int(b.work) if b.work is not None else 0, int(b.stat),
+                     np.float64(reg_covar), np.int32(mode))
+
+    def _args(self, names, scratch=None) -> list:
+        b, p = self.buf, self.problem
+        val = {"xt": lambda: int(b.xt), "resp": lambda: int(b.resp), "means": lambda: b.ptr("mu"),
+               "nk": lambda: int(b.nk), "acc": lambda: int(b.acc),
+               "scratch": lambda: int(scratch) if scratch is not None else 0,
+               "prec": lambda: b.ptr("prec"), "logc": lambda: b.ptr("logc"), "logp": lambda: int(b.logp),
+               "stat": lambda: int(b.stat), "n": lambda: np.int32(p.N), "ldn": lambda: np.int32(b.ldn),
+               "d": lambda: np.int32(p.D), "m": lambda: np.int32(p.M)}
+        return [val[a]() for a in names]
+
+    def _estep_launch(self):
+        env = dict(self._env)
+        env.update(self.estep_mod.tunables)
+        for spec, fn in self.estep_mod.funcs:
+            grid, block, shared = spec.config(env)
+            self._launch(spec.kernel, fn, grid, block, *self._args(spec.args or ESTEP_ARGS), shared=shared)
+
+    def _means(self):
+        b, M, D = self.buf, self.problem.M, self.problem.D
+        self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, 1), (256, 1, 1),
+                     int(b.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn))
+        self._launch("asp_means", self._fn["asp_means"], (-(-(M * (D + 1)) // 256), 1), (256, 1, 1),
+                     int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"))
+
+    def _covariance(self, mod: _Module):
+        b = self.buf
+        env = dict(self._env)
+        env.update(mod.tunables)
+        scratch = b.ensure_scratch(int(registry.evaluate(mod.scratch, env)))
+        if mod.zero_acc:
+            self.drv.memset_d32_async(b.acc, 0, 2 * self.problem.M * self.problem.cells, b.stream)
+        for spec, fn in mod.funcs:
+            grid, block, shared = spec.config(env)
+            self._launch(spec.kernel, fn, grid, block, *self._args(spec.args or COV_ARGS, scratch),
+                         shared=shared)
+
+    def _run_estep(self):
+        self._reset()
+        self._estep_launch()
+        ll, _ = self._read_stat()
+        self._check_ll(ll)
+        self._ll = ll
+        self._stale = False
+        return ll
+
+    @staticmethod
+    def _check_ll(ll):
+        if not math.isfinite(ll):
+            raise FloatingPointError(
+                f"the log-likelihood is not finite ({ll}): a component has collapsed onto a few events or "
+                "the data has an extreme range. Increase reg_covar, use fewer components, or scale the data.")
+
+    # ------------------------------------------------------------------ Session API
+    def set_params(self, weights, means, covars, reg_covar: float) -> None:
+        b, p = self.buf, self.problem
+        rt = p.np_dtype
+        with self.dev.active():
+            host = np.zeros(b.param_bytes, np.uint8)
+            for name, arr, dt in (("w64", weights, np.float64), ("mu64", means, np.float64),
+                                  ("cov64", covars, np.float64), ("mu", means, rt)):
+                a = np.ascontiguousarray(np.asarray(arr, dtype=np.float64).astype(dt).reshape(-1))
+                host[b.off[name]: b.off[name] + a.nbytes] = a.view(np.uint8)
+            self.drv.memcpy_htod(b.params, host)
+            self._reset()
+            self._factor(reg_covar, 0)
+            _, bad = self._read_stat()
+        self._stale = True
+        if bad is not None:
+            raise NotPositiveDefiniteError(bad, reg_covar)
+
+    def params(self):
+        b, p = self.buf, self.problem
+        host = np.empty(b.param_bytes, np.uint8)
+        with self.dev.active():
+            self.drv.memcpy_dtoh(host, b.params)
+        def get(name, shape):
+            n = int(np.prod(shape))
+            return host[b.off[name]: b.off[name] + 8 * n].view(np.float64).reshape(shape).copy()
+        D, M = p.D, p.M
+        cshape = (M, D, D) if p.cvtype == "full" else (M, D)
+        return get("w64", (M,)), get("mu64", (M, D)), get("cov64", cshape)
+
+    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
+        mod = kernel.handle
+        b, N = self.buf, self.problem.N
+        it_s, cov_s = [], []
+        iters, converged = 0, False
+        with self.dev.active():
+            if self._stale:
+                self._run_estep()
+            ll = self._ll
+            e = b.events
+            while iters < max_iters:
+                self.drv.memcpy_dtod_async(b.backup, b.params, b.param_bytes, b.stream)
+                e[0].record(b.stream)
+                self._reset()
+                self._means()
+                e[1].record(b.stream)
+                self._covariance(mod)
+                e[2].record(b.stream)
+                self._factor(reg_covar, 1)
+                self._estep_launch()
+                e[3].record(b.stream)
+                new_ll, bad = self._read_stat()
+                if bad is not None:
+                    # restore the last good parameters; resp still holds their E-step
+                    self.drv.memcpy_dtod_async(b.params, b.backup, b.param_bytes, b.stream)
+                    self._sync()
+                    self._stale = True
+                    raise NotPositiveDefiniteError(bad, reg_covar)
+                self._check_ll(new_ll)
+                it_s.append(e[3].time_since(e[0]) * 1e-3)
+                cov_s.append(e[2].time_since(e[1]) * 1e-3)
+                iters += 1
+                change, ll = (new_ll - ll) / N, new_ll
+                self._ll = ll
+                if iters >= min_iters and abs(change) < tol:
+                    converged = True
+                    break
+        return EMRun(float(ll), iters, converged, it_s, cov_s)
+
+    def loglik(self) -> float:
+        if self._stale:
+            with self.dev.active():
+                self._run_estep()
+        return float(self._ll)
+
+    def eval(self, want_resp: bool = True):
+        p, b = self.problem, self.buf
+        with self.dev.active():
+            if self._stale:
+                self._run_estep()
+            logp = np.empty(b.ldn, p.np_dtype)
+            self.drv.memcpy_dtoh(logp, b.logp)
+            resp = None
+            if want_resp:
+                r = np.empty((p.M, b.ldn), p.np_dtype)
+                self.drv.memcpy_dtoh(r, b.resp)
+                resp = np.ascontiguousarray(r[:, :p.N].T)
+        return logp[:p.N].copy(), resp
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.backend._release(self.buf)

@@ -1,0 +1,118 @@
+"""Every CUDA template renders and compiles (nvcc -arch=sm_90 --cubin) over a grid of tunables and
+problem sizes. Needs nvcc only (no pycuda, no GPU): CI runs it; a failing template fails the suite.
+
+The grid: every CUDA variant at each problem class below with its default tunables (odd D, D = 1,
+M = 1, D large enough to tile the cells and to move the Cholesky factor and the E-step operands out
+of registers and shared memory, float64), and every combination of tunables of the backend's own
+variants at one class. Compiles run in parallel into the session's compile cache.
+"""
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from asp_gmm import registry
+from asp_gmm.backends import cuda as cu
+from asp_gmm.errors import CompileError
+from asp_gmm.problem import Problem
+
+NVCC = cu.nvcc_command()
+HAVE_NVCC = shutil.which(NVCC[0]) is not None or os.path.exists(NVCC[0])
+pytestmark = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc (CUDA toolkit) is not installed")
+
+ARCH = "sm_90"
+CLASSES = [  # (D, M, cvtype, dtype)
+    (1, 1, "full", "float32"),
+    (19, 16, "full", "float32"),
+    (19, 16, "diag", "float32"),
+    (36, 128, "full", "float32"),
+    (64, 64, "full", "float32"),
+    (7, 3, "full", "float64"),
+    (7, 3, "diag", "float64"),
+    (100, 5, "full", "float32"),   # cells tiled in passes, Cholesky in global memory, E-step from xt
+    (150, 2, "diag", "float32"),
+]
+TUNED_CLASS = (19, 16, "full", "float32")
+OWN = {"core", "estep", "V1", "V2", "V3", "V4"}
+
+
+def _jobs():
+    jobs = {}
+    ctx = dict(cu._DEFAULT_LIMITS)
+    for v in registry.variants("cuda"):
+        if not v.template:
+            continue
+        for D, M, cv, dt in CLASSES:
+            p = Problem(1000, D, M, cv, dt)
+            tun = v.default_tunables()
+            if v.phase != "core" and not v.allows(p, tun, extra=ctx):
+                # the first combination the limits allow, if any (as the backend would pick)
+                tun = next((t for t in v.tunable_space() if v.allows(p, t, extra=ctx)), None)
+                if tun is None:
+                    continue
+            jobs[(v.name, D, M, cv, dt, tuple(sorted(tun.items())))] = (v, tun, p)
+        if v.name in OWN:
+            D, M, cv, dt = TUNED_CLASS
+            p = Problem(1000, D, M, cv, dt)
+            for tun in v.tunable_space():
+                if v.phase == "core" or v.allows(p, tun, extra=ctx):
+                    jobs[(v.name, D, M, cv, dt, tuple(sorted(tun.items())))] = (v, tun, p)
+    return jobs
+
+
+JOBS = _jobs()
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    def one(item):
+        v, tun, p = item
+        try:
+            return str(cu.compile_variant(v, tun, p, ARCH))
+        except CompileError as exc:
+            return exc
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
+        return dict(zip(JOBS, ex.map(one, JOBS.values())))
+
+
+def _id(key):
+    name, D, M, cv, dt, tun = key
+    return f"{name}-D{D}-M{M}-{cv}-{dt}-" + ",".join(f"{k}={v}" for k, v in tun)
+
+
+@pytest.mark.parametrize("key", list(JOBS), ids=[_id(k) for k in JOBS])
+def test_template_compiles(key, compiled):
+    res = compiled[key]
+    if isinstance(res, Exception):
+        pytest.fail(str(res))
+    assert os.path.getsize(res) > 0
+
+
+def test_every_own_variant_is_covered():
+    names = {k[0] for k in JOBS}
+    assert OWN <= names
+    for v in registry.variants("cuda", "covariance"):
+        if v.name in OWN:
+            assert cu.pluggable(v), f"{v.key} must declare its launches"
+            for spec in cu.launches(v):
+                assert spec.kernel
+
+
+def test_launch_expressions_evaluate():
+    """Every launch table of the backend's variants gives positive grid and block sizes."""
+    env = dict(Problem(150_000, 19, 16).as_dict(), ldn=150_016, **cu._DEFAULT_LIMITS)
+    for v in registry.variants("cuda"):
+        if not cu.pluggable(v):
+            continue
+        e = dict(env, **v.default_tunables())
+        for spec in cu.launches(v):
+            grid, block, shared = spec.config(e)
+            assert min(grid) >= 1 and min(block) >= 1 and shared >= 0
+        assert int(registry.evaluate(str(v.extra.get("scratch", "0")), e)) >= 0
+
+
+def test_import_does_not_need_pycuda_or_a_gpu():
+    import asp_gmm.backends.cuda  # noqa: F401  (imported above; pycuda is imported lazily)
+    reason = cu.CudaBackend.unavailable_reason()
+    assert reason is None or isinstance(reason, str)
