@@ -1,0 +1,682 @@
+"""A scikit-learn drop-in: ``asp_gmm.GaussianMixture``, specialized underneath.
+
+    from asp_gmm import GaussianMixture        # instead of: from sklearn.mixture import GaussianMixture
+    gm = GaussianMixture(16, covariance_type="diag").fit(X)
+
+Same parameters, methods and attributes as :class:`sklearn.mixture.GaussianMixture`, plus two keywords:
+
+``backend`` : {"auto", "c", "cuda", "numpy"}
+    Where the "full" and "diag" EM loops run (see :class:`asp_gmm.GMM`). "auto" takes the first of
+    CUDA, C and NumPy that has a variant for the problem.
+``dtype`` : {None, "float32", "float64"}
+    Working precision of the compiled code. ``None`` (default) follows scikit-learn: float32 data is
+    worked on in float32, everything else in float64. Parameters are always accumulated in float64.
+
+How the results relate to scikit-learn's
+----------------------------------------
+scikit-learn's EM loop is (E-step, M-step, check): its ``lower_bound_`` is the mean log-likelihood
+of the parameters *before* the last M-step, and it stops once that value changes by less than
+``tol``. The compiled core runs (M-step, E-step, check) and reports the log-likelihood of its final
+parameters, checking the same difference one iteration earlier. So a fit runs the core for at most
+``max_iter - 1`` iterations with scikit-learn's ``tol`` (the per-event change), then one more
+iteration: the parameters, ``n_iter_``, ``converged_``, ``lower_bound_`` and ``lower_bounds_`` are
+those scikit-learn computes from the same initial parameters (up to rounding).
+
+"tied" and "spherical" covariances have no compiled variant: they run scikit-learn's formulas in
+float64 NumPy (correct, not faster than scikit-learn).
+
+Initialisation
+--------------
+``weights_init``, ``means_init`` and ``precisions_init`` are used as scikit-learn uses them. The
+``init_params`` methods are scikit-learn's, computed the same way while ``n_samples`` is at most
+:data:`KMEANS_SUBSAMPLE`; beyond that, "kmeans" and "k-means++" run on a random subsample of
+:data:`KMEANS_SUBSAMPLE` events (drawn from ``random_state``), every event is then labelled by its
+nearest centre, and the initial parameters are computed from those hard labels on all events in
+one pass (O(N D^2), not O(N M D^2)). So for large data the starting point differs from
+scikit-learn's (it is a k-means solution of a subsample) and the fit costs a fraction of k-means on
+all events. "random" computes one NumPy M-step from random responsibilities, as scikit-learn does.
+
+scikit-learn is an optional dependency of this module only.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import time
+import warnings
+
+import numpy as np
+
+try:
+    from sklearn.base import BaseEstimator, DensityMixin
+    from sklearn.cluster import KMeans, kmeans_plusplus
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.utils import check_array, check_random_state
+    from sklearn.utils.validation import check_is_fitted
+except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
+    raise ImportError(
+        "asp_gmm.GaussianMixture is a drop-in for scikit-learn's GaussianMixture and needs "
+        "scikit-learn: pip install scikit-learn (or pip install 'asp_gmm[sklearn]'). "
+        "The rest of asp_gmm (GMM, compute_distance_BIC) works without it.") from exc
+
+try:  # scikit-learn >= 1.6
+    from sklearn.utils.validation import validate_data as _sk_validate_data
+except ImportError:  # pragma: no cover - older scikit-learn
+    _sk_validate_data = None
+
+try:  # scikit-learn >= 1.2: declarative parameter validation with scikit-learn's own messages
+    from sklearn.utils._param_validation import Interval, StrOptions
+except ImportError:  # pragma: no cover
+    Interval = StrOptions = None
+
+from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
+from .problem import Problem
+
+__all__ = ["GaussianMixture", "KMEANS_SUBSAMPLE"]
+
+#: Above this many events, "kmeans" and "k-means++" initialisation run on a random subsample of this
+#: size (see the module docstring).
+KMEANS_SUBSAMPLE = 10_000
+
+_COMPILED = ("full", "diag")
+_LOG_2PI = math.log(2.0 * math.pi)
+_ILL_DEFINED = (
+    "Fitting the mixture model failed because some components have ill-defined empirical covariance "
+    "(for instance caused by singleton or collapsed samples). Try to decrease the number of "
+    "components, increase reg_covar, or scale the input data.")
+
+
+def _validate_data(est, X, reset, **kw):
+    if _sk_validate_data is not None:
+        return _sk_validate_data(est, X, reset=reset, **kw)
+    return est._validate_data(X, reset=reset, **kw)  # pragma: no cover - scikit-learn < 1.6
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameter checks (scikit-learn's messages)
+
+def _check_shape(param, shape, name):
+    if param.shape != shape:
+        raise ValueError("The parameter '%s' should have the shape of %s, but got %s"
+                         % (name, shape, param.shape))
+
+
+def _check_weights(weights, M):
+    weights = check_array(weights, dtype=[np.float64, np.float32], ensure_2d=False)
+    _check_shape(weights, (M,), "weights")
+    if np.any(weights < 0.0) or np.any(weights > 1.0):
+        raise ValueError("The parameter 'weights' should be in the range [0, 1], but got max value "
+                         "%.5f, min value %.5f" % (np.min(weights), np.max(weights)))
+    atol = 1e-6 if weights.dtype == np.float32 else 1e-8
+    if not np.allclose(np.abs(1.0 - np.sum(weights)), 0.0, atol=atol):
+        raise ValueError("The parameter 'weights' should be normalized, but got sum(weights) = %.5f"
+                         % np.sum(weights))
+    return weights
+
+
+def _check_means(means, M, D):
+    means = check_array(means, dtype=[np.float64, np.float32], ensure_2d=False)
+    _check_shape(means, (M, D), "means")
+    return means
+
+
+def _check_precisions(precisions, cvtype, M, D):
+    precisions = check_array(precisions, dtype=[np.float64, np.float32], ensure_2d=False,
+                             allow_nd=cvtype == "full")
+    shapes = {"full": (M, D, D), "tied": (D, D), "diag": (M, D), "spherical": (M,)}
+    _check_shape(precisions, shapes[cvtype], "%s precision" % cvtype)
+    if cvtype in ("diag", "spherical"):
+        if np.any(precisions <= 0.0):
+            raise ValueError("'%s precision' should be positive" % cvtype)
+    else:
+        for p in (precisions if cvtype == "full" else precisions[None]):
+            if not (np.allclose(p, p.T) and np.all(np.linalg.eigvalsh(p) > 0.0)):
+                raise ValueError("'%s precision' should be symmetric, positive-definite" % cvtype)
+    return precisions
+
+
+def _working_dtype(dtype, X_dtype) -> np.dtype:
+    if dtype is None:
+        return np.dtype(np.float32) if X_dtype == np.float32 else np.dtype(np.float64)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"The 'dtype' parameter of GaussianMixture must be None, 'float32' or "
+                         f"'float64'. Got {dtype!r} instead.")
+    return dt
+
+
+# ---------------------------------------------------------------------------------------------------
+# Precisions and covariances (scikit-learn's conventions: upper Cholesky factor U, inv(cov) = U U^T)
+
+def _precision_cholesky(cov, cvtype):
+    """scikit-learn's ``precisions_cholesky_`` from covariances (float64)."""
+    cov = np.asarray(cov, dtype=np.float64)
+    if cvtype in ("full", "tied"):
+        mats = cov if cvtype == "full" else cov[None]
+        out = np.empty_like(mats)
+        eye = np.eye(mats.shape[-1])
+        for k, c in enumerate(mats):
+            try:
+                L = np.linalg.cholesky(c)
+            except np.linalg.LinAlgError:
+                raise ValueError(_ILL_DEFINED) from None
+            out[k] = _solve_lower(L, eye).T
+        return out if cvtype == "full" else out[0]
+    if np.any(cov <= 0.0):
+        raise ValueError(_ILL_DEFINED)
+    return 1.0 / np.sqrt(cov)
+
+
+def _solve_lower(L, B):
+    try:
+        from scipy.linalg import solve_triangular
+        return solve_triangular(L, B, lower=True)
+    except ImportError:  # pragma: no cover - scipy comes with scikit-learn
+        return np.linalg.solve(L, B)
+
+
+def _precision_cholesky_from_precisions(prec, cvtype):
+    """scikit-learn's factor of given precisions (Cholesky of the row/column-reversed matrix)."""
+    prec = np.asarray(prec, dtype=np.float64)
+    if cvtype == "full":
+        return np.stack([np.linalg.cholesky(p[::-1, ::-1])[::-1, ::-1] for p in prec])
+    if cvtype == "tied":
+        return np.linalg.cholesky(prec[::-1, ::-1])[::-1, ::-1]
+    return np.sqrt(prec)
+
+
+def _covariances_from_cholesky(pc, cvtype):
+    """Covariances ``inv(U U^T)`` from precision factors."""
+    if cvtype in ("full", "tied"):
+        mats = pc if cvtype == "full" else pc[None]
+        out = np.empty_like(mats)
+        eye = np.eye(mats.shape[-1])
+        for k, U in enumerate(mats):
+            Uinv = _solve_lower(U.T, eye).T   # inv(U) (upper); cov = inv(U)^T inv(U)
+            out[k] = Uinv.T @ Uinv
+            out[k] = 0.5 * (out[k] + out[k].T)
+        return out if cvtype == "full" else out[0]
+    return 1.0 / (pc * pc)
+
+
+def _precisions_from_cholesky(pc, cvtype):
+    if cvtype == "full":
+        return np.einsum("kij,klj->kil", pc, pc)
+    if cvtype == "tied":
+        return pc @ pc.T
+    return pc * pc
+
+
+# ---------------------------------------------------------------------------------------------------
+# Float64 NumPy EM with scikit-learn's formulas (tied and spherical, and the initialisation)
+
+def _estimate_params(X, resp, reg, cvtype):
+    """Weights (unnormalised counts), means and covariances from soft responsibilities."""
+    nk = resp.sum(axis=0) + 10.0 * np.finfo(np.float64).eps
+    means = (resp.T @ X) / nk[:, None]
+    if cvtype == "full":
+        D = X.shape[1]
+        cov = np.empty((len(nk), D, D))
+        for k in range(len(nk)):
+            diff = X - means[k]
+            cov[k] = (resp[:, k] * diff.T) @ diff / nk[k]
+            cov[k].flat[:: D + 1] += reg
+    elif cvtype == "tied":
+        cov = X.T @ X - (nk * means.T) @ means
+        cov /= nk.sum()
+        cov.flat[:: X.shape[1] + 1] += reg
+    else:
+        cov = (resp.T @ (X * X)) / nk[:, None] - means ** 2 + reg
+        if cvtype == "spherical":
+            cov = cov.mean(axis=1)
+    return nk, means, cov
+
+
+def _hard_params(X, groups, reg, cvtype):
+    """As :func:`_estimate_params` for 0/1 responsibilities given as one index array per component,
+    in O(N D^2) instead of O(N M D^2)."""
+    M, D = len(groups), X.shape[1]
+    eps10 = 10.0 * np.finfo(np.float64).eps
+    nk = np.array([len(g) for g in groups], dtype=np.float64) + eps10
+    means = np.stack([X[g].sum(axis=0) for g in groups]) / nk[:, None]
+    if cvtype == "full":
+        cov = np.empty((M, D, D))
+        for k, g in enumerate(groups):
+            diff = X[g] - means[k]
+            cov[k] = diff.T @ diff / nk[k]
+            cov[k].flat[:: D + 1] += reg
+    elif cvtype == "tied":
+        cov = X.T @ X - (nk * means.T) @ means
+        cov /= nk.sum()
+        cov.flat[:: D + 1] += reg
+    else:
+        sq = np.stack([(X[g] * X[g]).sum(axis=0) for g in groups])
+        cov = sq / nk[:, None] - means ** 2 + reg
+        if cvtype == "spherical":
+            cov = cov.mean(axis=1)
+    return nk, means, cov
+
+
+def _log_det_cholesky(pc, cvtype, D):
+    if cvtype == "full":
+        return np.log(np.diagonal(pc, axis1=1, axis2=2)).sum(axis=1)
+    if cvtype == "tied":
+        return np.log(np.diag(pc)).sum()
+    if cvtype == "diag":
+        return np.log(pc).sum(axis=1)
+    return D * np.log(pc)
+
+
+def _weighted_log_prob(X, weights, means, pc, cvtype):
+    """``log N(x | mu_k, Sigma_k) + log w_k``, (N, M), float64, scikit-learn's formulas."""
+    N, D = X.shape
+    M = means.shape[0]
+    log_det = _log_det_cholesky(pc, cvtype, D)
+    if cvtype == "full":
+        maha = np.empty((N, M))
+        for k in range(M):
+            y = X @ pc[k] - means[k] @ pc[k]
+            maha[:, k] = np.einsum("nd,nd->n", y, y)
+    elif cvtype == "tied":
+        maha = np.empty((N, M))
+        XU, muU = X @ pc, means @ pc
+        for k in range(M):
+            y = XU - muU[k]
+            maha[:, k] = np.einsum("nd,nd->n", y, y)
+    elif cvtype == "diag":
+        prec = pc ** 2
+        maha = ((means ** 2 * prec).sum(1) - 2.0 * (X @ (means * prec).T) + (X ** 2) @ prec.T)
+    else:
+        prec = pc ** 2
+        maha = ((means ** 2).sum(1) * prec - 2.0 * (X @ means.T) * prec
+                + np.outer(np.einsum("nd,nd->n", X, X), prec))
+    with np.errstate(divide="ignore"):
+        lw = np.log(weights)
+    return -0.5 * (D * _LOG_2PI + maha) + log_det + lw
+
+
+def _log_prob_resp(X, weights, means, pc, cvtype):
+    wlp = _weighted_log_prob(X, weights, means, pc, cvtype)
+    mx = wlp.max(axis=1, keepdims=True)
+    mx[~np.isfinite(mx)] = 0.0
+    with np.errstate(divide="ignore", under="ignore"):
+        lpn = np.log(np.exp(wlp - mx).sum(axis=1)) + mx[:, 0]
+        log_resp = wlp - lpn[:, None]
+    return lpn, log_resp
+
+
+# ---------------------------------------------------------------------------------------------------
+
+class GaussianMixture(DensityMixin, BaseEstimator):
+    """Gaussian mixture model trained by specialized EM: scikit-learn's ``GaussianMixture`` API.
+
+    Parameters
+    ----------
+    n_components, covariance_type, tol, reg_covar, max_iter, n_init, init_params, weights_init,
+    means_init, precisions_init, random_state, warm_start, verbose, verbose_interval
+        As in :class:`sklearn.mixture.GaussianMixture`.
+    backend : {"auto", "c", "cuda", "numpy"}, default="auto"
+        Runtime of the "full" and "diag" EM loops ("tied" and "spherical" always run in NumPy).
+    dtype : {None, "float32", "float64"}, default=None
+        Working precision; ``None`` keeps float32 data in float32 and uses float64 otherwise.
+
+    Attributes
+    ----------
+    weights_, means_, covariances_, precisions_, precisions_cholesky_, converged_, n_iter_,
+    lower_bound_, lower_bounds_, n_features_in_, feature_names_in_
+        As in :class:`sklearn.mixture.GaussianMixture` (arrays in the working precision).
+
+    Notes
+    -----
+    ``verbose`` output of the compiled types is printed after each run of the compiled loop, from
+    its log-likelihood trace (the per-iteration time shown is the run's average).
+    """
+
+    if StrOptions is not None:
+        _parameter_constraints: dict = {
+            "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
+            "covariance_type": [StrOptions({"full", "tied", "diag", "spherical"})],
+            "tol": [Interval(numbers.Real, 0.0, None, closed="left")],
+            "reg_covar": [Interval(numbers.Real, 0.0, None, closed="left")],
+            "max_iter": [Interval(numbers.Integral, 0, None, closed="left")],
+            "n_init": [Interval(numbers.Integral, 1, None, closed="left")],
+            "init_params": [StrOptions({"kmeans", "random", "random_from_data", "k-means++"})],
+            "weights_init": ["array-like", None],
+            "means_init": ["array-like", None],
+            "precisions_init": ["array-like", None],
+            "random_state": ["random_state"],
+            "warm_start": ["boolean"],
+            "verbose": ["verbose"],
+            "verbose_interval": [Interval(numbers.Integral, 1, None, closed="left")],
+            "backend": [StrOptions({"auto", "c", "cuda", "numpy"})],
+            "dtype": "no_validation",  # checked in fit (None, float32 or float64)
+        }
+
+    def __init__(self, n_components=1, *, covariance_type="full", tol=1e-3, reg_covar=1e-6,
+                 max_iter=100, n_init=1, init_params="kmeans", weights_init=None, means_init=None,
+                 precisions_init=None, random_state=None, warm_start=False, verbose=0,
+                 verbose_interval=10, backend="auto", dtype=None):
+        self.n_components = n_components
+        self.covariance_type = covariance_type
+        self.tol = tol
+        self.reg_covar = reg_covar
+        self.max_iter = max_iter
+        self.n_init = n_init
+        self.init_params = init_params
+        self.weights_init = weights_init
+        self.means_init = means_init
+        self.precisions_init = precisions_init
+        self.random_state = random_state
+        self.warm_start = warm_start
+        self.verbose = verbose
+        self.verbose_interval = verbose_interval
+        self.backend = backend
+        self.dtype = dtype
+
+    # ------------------------------------------------------------------------------ fitting
+    def fit(self, X, y=None):
+        """Estimate the parameters with the EM algorithm (see
+        :meth:`sklearn.mixture.GaussianMixture.fit`).
+
+        Returns
+        -------
+        self
+        """
+        self._fit(X)
+        return self
+
+    def fit_predict(self, X, y=None):
+        """Fit, then return the most likely component of each event of X (always equal to
+        ``fit(X).predict(X)``)."""
+        X = self._fit(X)
+        return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
+
+    def _fit(self, X):
+        if hasattr(self, "_validate_params"):
+            self._validate_params()
+        X = _validate_data(self, X, True, dtype=[np.float64, np.float32], ensure_min_samples=2)
+        N, D = X.shape
+        M = self.n_components
+        if N < M:
+            raise ValueError("Expected n_samples >= n_components but got n_components = "
+                             f"{M}, n_samples = {N}")
+        dt = _working_dtype(self.dtype, X.dtype)
+        cvtype = self.covariance_type
+        inits = (None if self.weights_init is None else _check_weights(self.weights_init, M),
+                 None if self.means_init is None else _check_means(self.means_init, M, D),
+                 None if self.precisions_init is None else
+                 _check_precisions(self.precisions_init, cvtype, M, D))
+
+        do_init = not (self.warm_start and hasattr(self, "converged_"))
+        n_init = self.n_init if do_init else 1
+        random_state = check_random_state(self.random_state)
+        compiled = cvtype in _COMPILED
+        Xw = np.ascontiguousarray(X, dtype=dt) if compiled else None
+        X64 = None if compiled else np.asarray(X, dtype=np.float64)
+        spec = self._specializer(Problem(N, D, M, cvtype, dt.name)) if compiled else None
+
+        max_lower_bound, best, best_n_iter, best_lbs, best_conv = -np.inf, None, 0, [], False
+        for init in range(n_init):
+            self._verbose_init_beg(init)
+            if do_init:
+                params = self._initial_params(X, random_state, inits)
+            else:
+                params = (self.weights_.astype(np.float64), self.means_.astype(np.float64),
+                          np.asarray(self.covariances_, dtype=np.float64))
+            if self.max_iter == 0:
+                best, best_n_iter = params, 0
+                continue
+            lb_prev = -np.inf if do_init else float(self.lower_bound_)
+            t0 = time.perf_counter()
+            if compiled:
+                w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev)
+            else:
+                w, mu, cv, n_iter, lbs, conv = self._em_numpy(X64, params, lb_prev)
+            self._verbose_iters(lbs, lb_prev, time.perf_counter() - t0)
+            self._verbose_init_end(lbs[-1], conv, time.perf_counter() - t0)
+            lower_bound = lbs[-1]
+            if lower_bound > max_lower_bound or max_lower_bound == -np.inf:
+                max_lower_bound, best, best_n_iter = lower_bound, (w, mu, cv), n_iter
+                best_lbs, best_conv = lbs, conv
+
+        if not best_conv and self.max_iter > 0:
+            warnings.warn("Best performing initialization did not converge. Try different init "
+                          "parameters, or increase max_iter, tol, or check for degenerate data.",
+                          ConvergenceWarning)
+        self._set_parameters(best, dt, from_precisions=(self.max_iter == 0 and do_init
+                                                        and inits[2] is not None))
+        self.converged_ = bool(best_conv)
+        self.n_iter_ = int(best_n_iter)
+        self.lower_bound_ = float(max_lower_bound)
+        self.lower_bounds_ = [float(v) for v in best_lbs]
+        return X
+
+    def _specializer(self, problem):
+        from . import backends
+        from .specializer import Specializer
+        if self.backend != "auto":
+            return Specializer(self.backend)
+        last = None
+        for name in backends.available():
+            try:
+                spec = Specializer(name)
+                spec.candidates(problem)
+                return spec
+            except (BackendUnavailableError, VariantNotApplicableError) as exc:
+                last = exc
+        raise last  # pragma: no cover - the numpy backend runs everything
+
+    def _em_compiled(self, spec, Xw, params, lb_prev):
+        """scikit-learn's loop on the compiled core: up to ``max_iter - 1`` core iterations with the
+        same stopping rule (the core checks one iteration earlier), then the final M-step."""
+        w, mu, cv = params
+        N = Xw.shape[0]
+        prob = Problem(N, Xw.shape[1], self.n_components, self.covariance_type, Xw.dtype.name)
+        reg, tol = float(self.reg_covar), float(self.tol)
+        try:
+            if np.isfinite(lb_prev):
+                # warm start: scikit-learn's first check compares with the previous lower bound
+                lp, _ = spec.evaluate(Xw, w, mu, cv, prob, reg, False)
+                l0 = float(np.sum(lp, dtype=np.float64)) / N
+                if abs(l0 - lb_prev) < tol:
+                    r = spec.train(Xw, w, mu, cv, prob, reg, 1, 1, 0.0)
+                    return r.weights, r.means, r.covars, 1, [l0], True
+            r1 = spec.train(Xw, w, mu, cv, prob, reg, 1, self.max_iter - 1, tol)
+            r2 = spec.train(Xw, r1.weights, r1.means, r1.covars, prob, reg, 1, 1, 0.0)
+        except (NotPositiveDefiniteError, FloatingPointError) as exc:
+            raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
+        trace = getattr(r1, "loglik_trace", None) or [r1.loglik]
+        lbs = [float(v) / N for v in trace]
+        lbs[-1] = r1.loglik / N
+        return r2.weights, r2.means, r2.covars, r1.iters + 1, lbs, bool(r1.converged)
+
+    def _em_numpy(self, X, params, lb_prev):
+        """scikit-learn's loop in float64 NumPy (tied, spherical)."""
+        cvtype, reg, tol = self.covariance_type, float(self.reg_covar), float(self.tol)
+        w, mu, cv = params
+        pc = _precision_cholesky(cv, cvtype)
+        lower_bound, lbs, conv, n_iter = lb_prev, [], False, 0
+        for n_iter in range(1, self.max_iter + 1):
+            prev = lower_bound
+            lpn, log_resp = _log_prob_resp(X, w, mu, pc, cvtype)
+            nk, mu, cv = _estimate_params(X, np.exp(log_resp), reg, cvtype)
+            w = nk / nk.sum()
+            pc = _precision_cholesky(cv, cvtype)
+            lower_bound = float(np.mean(lpn))
+            lbs.append(lower_bound)
+            if abs(lower_bound - prev) < tol:
+                conv = True
+                break
+        return w, mu, cv, n_iter, lbs, conv
+
+    # ------------------------------------------------------------------------------ initialisation
+    def _initial_params(self, X, random_state, inits):
+        """Initial (weights, means, covariances) in float64, as scikit-learn's ``_initialize``."""
+        weights_init, means_init, precisions_init = inits
+        N, M, cvtype, reg = X.shape[0], self.n_components, self.covariance_type, float(self.reg_covar)
+        weights = means = cov = None
+        if weights_init is None or means_init is None or precisions_init is None:
+            nk, means, cov = self._init_from_data(X, random_state, N, M, cvtype, reg)
+            weights = nk / N
+        if weights_init is not None:
+            weights = weights_init
+        if means_init is not None:
+            means = means_init
+        if precisions_init is not None:
+            pc = _precision_cholesky_from_precisions(precisions_init, cvtype)
+            cov = _covariances_from_cholesky(pc, cvtype)
+        else:
+            _precision_cholesky(cov, cvtype)  # scikit-learn's check (and message) at initialisation
+        return (np.asarray(weights, np.float64), np.asarray(means, np.float64),
+                np.asarray(cov, np.float64))
+
+    def _init_from_data(self, X, random_state, N, M, cvtype, reg):
+        X64 = np.asarray(X, dtype=np.float64)
+        method = self.init_params
+        if method == "random":
+            resp = random_state.uniform(size=(N, M))
+            resp /= resp.sum(axis=1)[:, None]
+            return _estimate_params(X64, resp, reg, cvtype)
+        if method == "random_from_data":
+            idx = random_state.choice(N, size=M, replace=False)
+            return _hard_params(X64, [idx[k:k + 1] for k in range(M)], reg, cvtype)
+        sub = None
+        if N > KMEANS_SUBSAMPLE:
+            sub = np.sort(random_state.choice(N, size=KMEANS_SUBSAMPLE, replace=False))
+        Xs = X if sub is None else X[sub]
+        if method == "k-means++":
+            _, idx = kmeans_plusplus(Xs, M, random_state=random_state)
+            if sub is not None:
+                idx = sub[idx]
+            return _hard_params(X64, [idx[k:k + 1] for k in range(M)], reg, cvtype)
+        km = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(Xs)
+        labels = km.labels_ if sub is None else km.predict(X)
+        order = np.argsort(labels, kind="stable")
+        bounds = np.searchsorted(labels[order], np.arange(M + 1))
+        groups = [order[bounds[k]:bounds[k + 1]] for k in range(M)]
+        return _hard_params(X64, groups, reg, cvtype)
+
+    # ------------------------------------------------------------------------------ parameters
+    def _set_parameters(self, params, dt, from_precisions=False):
+        w, mu, cv = params
+        cvtype = self.covariance_type
+        if from_precisions:  # max_iter=0 with precisions_init: scikit-learn's factor of the precisions
+            pc = _precision_cholesky_from_precisions(
+                _check_precisions(self.precisions_init, cvtype, self.n_components, mu.shape[1]), cvtype)
+        else:
+            pc = _precision_cholesky(cv, cvtype)
+        self.weights_ = np.asarray(w, dtype=dt)
+        self.means_ = np.asarray(mu, dtype=dt)
+        self.covariances_ = np.asarray(cv, dtype=dt)
+        self.precisions_cholesky_ = np.asarray(pc, dtype=dt)
+        self.precisions_ = np.asarray(_precisions_from_cholesky(pc, cvtype), dtype=dt)
+
+    def _params64(self):
+        return (np.asarray(self.weights_, np.float64), np.asarray(self.means_, np.float64),
+                np.asarray(self.covariances_, np.float64))
+
+    # ------------------------------------------------------------------------------ inference
+    def _estimate(self, X, want_resp):
+        """``(log p(x) (N,), responsibilities (N, M) or None)`` under the fitted parameters."""
+        cvtype = self.covariance_type
+        dt = np.dtype(self.means_.dtype) if self.means_.dtype == np.float32 else np.dtype(np.float64)
+        N, D = X.shape
+        if cvtype in _COMPILED:
+            Xw = np.ascontiguousarray(X, dtype=dt)
+            prob = Problem(N, D, self.n_components, cvtype, dt.name)
+            try:
+                return self._specializer(prob).evaluate(Xw, *self._params64(), prob,
+                                                        float(self.reg_covar), want_resp)
+            except (NotPositiveDefiniteError, FloatingPointError) as exc:
+                raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
+        w, mu, _ = self._params64()
+        lpn, log_resp = _log_prob_resp(np.asarray(X, np.float64), w, mu,
+                                       np.asarray(self.precisions_cholesky_, np.float64), cvtype)
+        return lpn.astype(dt, copy=False), (np.exp(log_resp).astype(dt, copy=False) if want_resp else None)
+
+    def score_samples(self, X):
+        """Log-likelihood of each event, (n_samples,)."""
+        check_is_fitted(self)
+        X = _validate_data(self, X, False)
+        return self._estimate(X, want_resp=False)[0]
+
+    def score(self, X, y=None):
+        """Mean log-likelihood of the events of X."""
+        return float(np.mean(self.score_samples(X), dtype=np.float64))
+
+    def predict(self, X):
+        """Most likely component of each event, (n_samples,) of int."""
+        check_is_fitted(self)
+        X = _validate_data(self, X, False)
+        return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
+
+    def predict_proba(self, X):
+        """Posterior probability of each component for each event, (n_samples, n_components)."""
+        check_is_fitted(self)
+        X = _validate_data(self, X, False)
+        return self._estimate(X, want_resp=True)[1]
+
+    def sample(self, n_samples=1):
+        """Random events from the fitted mixture: ``(X (n_samples, n_features), y (n_samples,))``
+        (scikit-learn's algorithm and random stream)."""
+        check_is_fitted(self)
+        if n_samples < 1:
+            raise ValueError("Invalid value for 'n_samples': %d . The sampling requires at least one "
+                             "sample." % (self.n_components))
+        _, D = self.means_.shape
+        rng = check_random_state(self.random_state)
+        counts = rng.multinomial(n_samples, self.weights_)
+        if self.covariance_type == "full":
+            X = np.vstack([rng.multivariate_normal(m, c, int(s))
+                           for m, c, s in zip(self.means_, self.covariances_, counts)])
+        elif self.covariance_type == "tied":
+            X = np.vstack([rng.multivariate_normal(m, self.covariances_, int(s))
+                           for m, s in zip(self.means_, counts)])
+        else:
+            X = np.vstack([m + rng.standard_normal(size=(s, D)) * np.sqrt(c)
+                           for m, c, s in zip(self.means_, self.covariances_, counts)])
+        y = np.concatenate([np.full(int(s), i, dtype=np.int64) for i, s in enumerate(counts)])
+        return np.asarray(X, dtype=np.float64), y
+
+    def _n_parameters(self):
+        _, D = self.means_.shape
+        M = self.n_components
+        cov_params = {"full": M * D * (D + 1) / 2.0, "diag": M * D, "tied": D * (D + 1) / 2.0,
+                      "spherical": M}[self.covariance_type]
+        return int(cov_params + D * M + M - 1)
+
+    def bic(self, X):
+        """Bayesian information criterion of the model on X (lower is better)."""
+        return -2 * self.score(X) * X.shape[0] + self._n_parameters() * math.log(X.shape[0])
+
+    def aic(self, X):
+        """Akaike information criterion of the model on X (lower is better)."""
+        return -2 * self.score(X) * X.shape[0] + 2 * self._n_parameters()
+
+    # ------------------------------------------------------------------------------ verbose output
+    def _verbose_init_beg(self, n_init):
+        if self.verbose >= 1:
+            print("Initialization %d" % n_init)
+
+    def _verbose_iters(self, lbs, lb_prev, seconds):
+        if not self.verbose:
+            return
+        per = seconds / max(len(lbs), 1)
+        prev = lb_prev
+        for i, lb in enumerate(lbs, 1):
+            if i % self.verbose_interval == 0:
+                if self.verbose == 1:
+                    print("  Iteration %d" % i)
+                else:
+                    print("  Iteration %d\t time lapse %.5fs\t ll change %.5f" % (i, per, lb - prev))
+            prev = lb
+
+    def _verbose_init_end(self, lb, converged, seconds):
+        msg = "converged" if converged else "did not converge"
+        if self.verbose == 1:
+            print(f"Initialization {msg}.")
+        elif self.verbose >= 2:
+            print(f"Initialization {msg}. time lapse {seconds:.5f}s\t lower bound {lb:.5f}.")
