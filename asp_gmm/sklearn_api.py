@@ -129,9 +129,9 @@ def _check_precisions(precisions, cvtype, M, D):
         if np.any(precisions <= 0.0):
             raise ValueError("'%s precision' should be positive" % cvtype)
     else:
-        for p in (precisions if cvtype == "full" else precisions[None]):
-            if not (np.allclose(p, p.T) and np.all(np.linalg.eigvalsh(p) > 0.0)):
-                raise ValueError("'%s precision' should be symmetric, positive-definite" % cvtype)
+        mats = precisions if cvtype == "full" else precisions[None]
+        if not (np.allclose(mats, np.swapaxes(mats, -1, -2)) and np.all(np.linalg.eigvalsh(mats) > 0.0)):
+            raise ValueError("'%s precision' should be symmetric, positive-definite" % cvtype)
     return precisions
 
 
@@ -151,62 +151,54 @@ def _working_dtype(dtype, X_dtype) -> np.dtype:
 # ---------------------------------------------------------------------------------------------------
 # Precisions and covariances (scikit-learn's conventions: upper Cholesky factor U, inv(cov) = U U^T)
 
+def _inv_lower(L):
+    """Inverse of lower-triangular matrices (..., D, D) by forward substitution, in NumPy.
+
+    (scipy's ``solve_triangular`` goes through multi-threaded BLAS, which on small matrices can be
+    orders of magnitude slower on a loaded machine.)"""
+    D = L.shape[-1]
+    out = np.zeros_like(L)
+    for i in range(D):
+        row = -np.einsum("...j,...jk->...k", L[..., i, :i], out[..., :i, :])
+        row[..., i] += 1.0
+        out[..., i, :] = row / L[..., i, i, None]
+    return out
+
+
 def _precision_cholesky(cov, cvtype):
-    """scikit-learn's ``precisions_cholesky_`` from covariances (float64)."""
+    """scikit-learn's ``precisions_cholesky_`` from covariances (float64); raises its ValueError."""
     cov = np.asarray(cov, dtype=np.float64)
     if cvtype in ("full", "tied"):
-        mats = cov if cvtype == "full" else cov[None]
-        out = np.empty_like(mats)
-        eye = np.eye(mats.shape[-1])
-        for k, c in enumerate(mats):
-            try:
-                L = np.linalg.cholesky(c)
-            except np.linalg.LinAlgError:
-                raise ValueError(_ILL_DEFINED) from None
-            out[k] = _solve_lower(L, eye).T
-        return out if cvtype == "full" else out[0]
+        try:
+            L = np.linalg.cholesky(cov)
+        except np.linalg.LinAlgError:
+            raise ValueError(_ILL_DEFINED) from None
+        return np.swapaxes(_inv_lower(L), -1, -2)
     if np.any(cov <= 0.0):
         raise ValueError(_ILL_DEFINED)
     return 1.0 / np.sqrt(cov)
 
 
-def _solve_lower(L, B):
-    try:
-        from scipy.linalg import solve_triangular
-        return solve_triangular(L, B, lower=True)
-    except ImportError:  # pragma: no cover - scipy comes with scikit-learn
-        return np.linalg.solve(L, B)
-
-
 def _precision_cholesky_from_precisions(prec, cvtype):
     """scikit-learn's factor of given precisions (Cholesky of the row/column-reversed matrix)."""
     prec = np.asarray(prec, dtype=np.float64)
-    if cvtype == "full":
-        return np.stack([np.linalg.cholesky(p[::-1, ::-1])[::-1, ::-1] for p in prec])
-    if cvtype == "tied":
-        return np.linalg.cholesky(prec[::-1, ::-1])[::-1, ::-1]
+    if cvtype in ("full", "tied"):
+        return np.linalg.cholesky(prec[..., ::-1, ::-1])[..., ::-1, ::-1]
     return np.sqrt(prec)
 
 
 def _covariances_from_cholesky(pc, cvtype):
-    """Covariances ``inv(U U^T)`` from precision factors."""
+    """Covariances ``inv(U U^T)`` from precision factors U: with W = inv(U^T), ``W W^T``."""
     if cvtype in ("full", "tied"):
-        mats = pc if cvtype == "full" else pc[None]
-        out = np.empty_like(mats)
-        eye = np.eye(mats.shape[-1])
-        for k, U in enumerate(mats):
-            Uinv = _solve_lower(U.T, eye).T   # inv(U) (upper); cov = inv(U)^T inv(U)
-            out[k] = Uinv.T @ Uinv
-            out[k] = 0.5 * (out[k] + out[k].T)
-        return out if cvtype == "full" else out[0]
+        W = _inv_lower(np.swapaxes(pc, -1, -2))
+        cov = W @ np.swapaxes(W, -1, -2)
+        return 0.5 * (cov + np.swapaxes(cov, -1, -2))
     return 1.0 / (pc * pc)
 
 
 def _precisions_from_cholesky(pc, cvtype):
-    if cvtype == "full":
-        return np.einsum("kij,klj->kil", pc, pc)
-    if cvtype == "tied":
-        return pc @ pc.T
+    if cvtype in ("full", "tied"):
+        return pc @ np.swapaxes(pc, -1, -2)
     return pc * pc
 
 
