@@ -1,0 +1,295 @@
+"""Agglomerative speaker clustering (ICSI / PyCASP style), written only on the public GMM API.
+
+    K clusters of M-component GMMs on a uniform split of the speech frames
+    repeat:
+        resegment: frame-wise argmax of the per-cluster log-likelihoods, majority vote over blocks
+                   of ``seg_len`` frames (2.5 s), retrain every cluster on its frames
+        score every pair with compute_distance_BIC (merged model with M1+M2 components)
+        merge the best pair while its score > 0
+    until no pair scores > 0 or one cluster remains
+
+The same code runs on asp_gmm's specialised backends (``from asp_gmm import GMM,
+compute_distance_BIC``) and on scikit-learn through ``sklearn_gmm`` (the same API).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from features import DiarizationError
+
+
+@dataclass
+class ClusterParams:
+    n_init: int = 16            # initial clusters
+    n_components: int = 5       # components per initial cluster
+    seg_len: int = 250          # majority-vote block, frames (2.5 s)
+    em_iters: int = 3           # EM iterations per train() (cluster retraining and merged models)
+    cvtype: str = "diag"
+    seg_loops_init: int = 2     # resegmentations before the first merge round
+    seg_loops: int = 3          # resegmentations before every merge round
+    reg_covar: float = 1e-3     # features are unit-variance: a small floor keeps full covars sane
+    vote: str = "sliding"       # "block": fixed blocks (seed); "sliding": window centred on each frame
+    frames_per_component: int = 200  # > 0: a cluster's Gaussians follow its data, n_k / this
+    max_model_components: int = 32   # ... between n_components and this; 0: as the seed (M1+M2)
+    dtype: type = np.float32
+
+
+@dataclass
+class Profile:
+    """Wall time spent in GMM calls by kind; 'other' is everything else in the clustering."""
+    seconds: dict = field(default_factory=lambda: {"train": 0.0, "score": 0.0, "bic": 0.0})
+    calls: dict = field(default_factory=lambda: {"train": 0, "score": 0, "bic": 0})
+    total: float = 0.0
+    merges: int = 0
+    rounds: int = 0
+
+    def add(self, kind, t0):
+        self.seconds[kind] += time.perf_counter() - t0
+        self.calls[kind] += 1
+
+    @property
+    def other(self):
+        return self.total - sum(self.seconds.values())
+
+
+class Backend:
+    """The two API entry points bound to one implementation."""
+
+    def __init__(self, name: str):
+        self.name = name
+        if name == "sklearn":
+            import sklearn_gmm as api
+            self._GMM, self._bic = api.GMM, api.compute_distance_BIC
+            self._kw = {}
+        else:
+            try:
+                try:
+                    from asp_gmm import GMM, compute_distance_BIC
+                except ImportError:
+                    # Run from a source checkout without installing: the package is two levels up.
+                    import sys
+                    from pathlib import Path
+                    sys.path.append(str(Path(__file__).resolve().parents[2]))
+                    from asp_gmm import GMM, compute_distance_BIC
+            except ImportError as e:
+                raise DiarizationError(f"backend {name!r} needs the asp_gmm package ({e}); "
+                                       "install it (pip install -e .) or use --backend sklearn") from None
+            self._GMM, self._bic = GMM, compute_distance_BIC
+            self._kw = {"backend": name}
+
+    def GMM(self, *a, **kw):
+        return self._GMM(*a, **kw, **self._kw)
+
+    def bic(self, g1, g2, X, em_iters):
+        """compute_distance_BIC on the union X of both clusters' frames. L(g1), L(g2) are the
+        log-likelihoods of their last train() on their own frames, kept by the models: the
+        resegmentation has just computed them, so they are reused instead of rescoring."""
+        return self._bic(g1, g2, X, min_em_iters=em_iters, max_em_iters=em_iters)
+
+
+def majority_vote(frame_best: np.ndarray, n_clusters: int, seg_len: int) -> np.ndarray:
+    """Per-frame winning cluster -> per-frame label where every block of ``seg_len`` frames takes
+    its most frequent winner (ties: lowest index). The last block absorbs the remainder, so no
+    block is shorter than ``seg_len`` (when there are at least ``seg_len`` frames)."""
+    n = len(frame_best)
+    n_blocks = max(1, n // seg_len)
+    blk = np.minimum(np.arange(n) // seg_len, n_blocks - 1)
+    counts = np.bincount(blk * n_clusters + frame_best, minlength=n_blocks * n_clusters)
+    vote = counts.reshape(n_blocks, n_clusters).argmax(axis=1)
+    return vote[blk]
+
+
+def sliding_majority(frame_best: np.ndarray, n_clusters: int, width: int) -> np.ndarray:
+    """Per-frame label = most frequent frame-wise winner in the window of ``width`` frames centred
+    on the frame (ties: lowest index). Same vote length as the block vote, but a speaker change is
+    placed where the majority flips instead of at the nearest block edge."""
+    n = len(frame_best)
+    onehot = np.zeros((n + 1, n_clusters), np.int32)
+    onehot[np.arange(1, n + 1), frame_best] = 1
+    c = np.cumsum(onehot, axis=0)
+    h = width // 2
+    idx = np.arange(n)
+    lo = np.clip(idx - h, 0, n)
+    hi = np.clip(idx + (width - h), 0, n)
+    # Windows near the ends are shifted inside so that every window holds ``width`` frames.
+    shift = np.minimum(0, n - hi) + np.maximum(0, -(idx - h))
+    lo, hi = np.clip(lo + shift, 0, n), np.clip(hi + shift, 0, n)
+    return (c[hi] - c[lo]).argmax(axis=1)
+
+
+def sliding_vote(loglik: np.ndarray, width: int) -> np.ndarray:
+    """Per-frame label = argmax of the per-cluster log-likelihoods summed over a centred window of
+    ``width`` frames: the block vote's smoothing without its fixed block boundaries, so speaker
+    changes land at frame resolution instead of at the nearest block edge."""
+    n, k = loglik.shape
+    if k == 1:
+        return np.zeros(n, int)
+    # Frame-wise scores relative to the frame's best bound the influence of outlier frames.
+    rel = np.maximum(loglik - loglik.max(axis=1, keepdims=True), -20.0)
+    c = np.cumsum(np.vstack([np.zeros((1, k)), rel]), axis=0)
+    h = width // 2
+    lo = np.clip(np.arange(n) - h, 0, n)
+    hi = np.clip(np.arange(n) + (width - h), 0, n)
+    return (c[hi] - c[lo]).argmax(axis=1)
+
+
+def _n_components(g):
+    return len(np.asarray(g.weights))
+
+
+class Clusterer:
+    def __init__(self, X: np.ndarray, backend: Backend, params: ClusterParams, log=None, seed=0):
+        self.X = np.ascontiguousarray(X, dtype=params.dtype)
+        self.be = backend
+        self.p = params
+        self.log = log or (lambda *a: None)
+        self.prof = Profile()
+        self.seed = seed
+        n = len(self.X)
+        if n < params.seg_len:
+            raise DiarizationError(
+                f"only {n / 100:.2f} s of speech; need at least one voting segment "
+                f"({params.seg_len / 100:.2f} s)")
+
+    def _train(self, g, X):
+        t0 = time.perf_counter()
+        ll = g.train(X, min_em_iters=self.p.em_iters, max_em_iters=self.p.em_iters)
+        self.prof.add("train", t0)
+        return float(ll)
+
+    def _loglik(self):
+        cols = []
+        for g in self.gmms:
+            t0 = time.perf_counter()
+            cols.append(np.asarray(g.score(self.X), dtype=np.float64))
+            self.prof.add("score", t0)
+        return np.column_stack(cols)
+
+    def resegment(self):
+        """Score, vote, drop clusters that won no block, retrain the others on their frames."""
+        ll = self._loglik()
+        k = len(self.gmms)
+        best = ll.argmax(axis=1) if k > 1 else np.zeros(len(self.X), int)
+        if self.p.vote == "block":
+            labels = majority_vote(best, k, self.p.seg_len)
+            alive = np.flatnonzero(np.bincount(labels, minlength=k))
+        else:
+            # A cluster must hold at least one vote length of frames to live (as a block vote
+            # winner does); the smallest is dropped and the vote repeated without it.
+            alive = np.arange(k)
+            while True:
+                sub = ll[:, alive].argmax(axis=1)
+                lab_a = sliding_majority(sub, len(alive), self.p.seg_len)
+                cnt = np.bincount(lab_a, minlength=len(alive))
+                if cnt.min() >= self.p.seg_len or len(alive) == 1:
+                    break
+                alive = np.delete(alive, int(cnt.argmin()))
+            labels = alive[lab_a]
+        remap = np.full(k, -1)
+        remap[alive] = np.arange(len(alive))
+        labels = remap[labels]
+        self.gmms = [self.gmms[i] for i in alive]
+        # One stable sort gives every cluster a contiguous slice of the frames.
+        order = np.argsort(labels, kind="stable")
+        Xs = self.X[order]
+        edges = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=len(alive)))])
+        self.data = [Xs[edges[i]:edges[i + 1]] for i in range(len(alive))]
+        if self.p.frames_per_component > 0 and self.p.max_model_components > 0:
+            self.gmms = [self._resize(g, len(d)) for g, d in zip(self.gmms, self.data)]
+        self.ll = [self._train(g, d) for g, d in zip(self.gmms, self.data)]
+        self.labels = labels
+        return labels
+
+    def run(self):
+        t_start = time.perf_counter()
+        p, n, D = self.p, len(self.X), self.X.shape[1]
+        K = max(1, min(p.n_init, n // p.seg_len))
+        bounds = np.linspace(0, n, K + 1).round().astype(int)
+        self.gmms = [self.be.GMM(p.n_components, D, cvtype=p.cvtype, dtype=p.dtype,
+                                 reg_covar=p.reg_covar, seed=self.seed + k) for k in range(K)]
+        for g, a, b in zip(self.gmms, bounds[:-1], bounds[1:]):
+            self._train(g, self.X[a:b])
+        for _ in range(p.seg_loops_init):
+            self.resegment()
+        history = []
+        while True:
+            for _ in range(p.seg_loops):
+                self.resegment()
+            self.prof.rounds += 1
+            k = len(self.gmms)
+            if k == 1:
+                break
+            best, best_pair, best_model = 0.0, None, None
+            for i in range(k):
+                for j in range(i + 1, k):
+                    t0 = time.perf_counter()
+                    Xij = np.concatenate([self.data[i], self.data[j]])
+                    merged, score = self.be.bic(self.gmms[i], self.gmms[j], Xij, p.em_iters)
+                    self.prof.add("bic", t0)
+                    if score > best:
+                        best, best_pair, best_model = float(score), (i, j), merged
+            history.append((k, best, best_pair))
+            self.log(f"  {k:2d} clusters, sizes {[len(d) for d in self.data]}, "
+                     f"components {[_n_components(g) for g in self.gmms]}, best pair {best_pair} score {best:.1f}")
+            if best_pair is None:
+                break
+            i, j = best_pair
+            self.gmms = [g for t, g in enumerate(self.gmms) if t not in (i, j)] + [best_model]
+            self.data = [d for t, d in enumerate(self.data) if t not in (i, j)] + [
+                np.concatenate([self.data[i], self.data[j]])]
+            self.prof.merges += 1
+        self.history = history
+        self.prof.total = time.perf_counter() - t_start
+        return self.labels
+
+    def _resize(self, g, n):
+        """Model complexity that follows the cluster's data (the ICSI rule of a fixed amount of
+        data per Gaussian): grow by splitting the heaviest components, shrink by dropping the
+        lightest. A merged model keeps M1+M2 as long as its data supports them."""
+        p = self.p
+        target = int(np.clip(round(n / p.frames_per_component), p.n_components,
+                             max(p.n_components, p.max_model_components)))
+        m = _n_components(g)
+        if target == m or (target > m and target - m < max(1, m // 4)):
+            return g  # hysteresis: small growth is not worth a new model
+        if target < m:
+            return self._reduce(g, target)
+        w = np.asarray(g.weights, np.float64).copy()
+        mu = np.asarray(g.means, np.float64).copy()
+        cov = np.asarray(g.covars, np.float64).copy()
+        while len(w) < target:
+            # split the heaviest component along its widest axis (LBG-style)
+            c = int(np.argmax(w))
+            var = cov[c] if cov.ndim == 2 else np.diag(cov[c])
+            d = np.zeros_like(mu[c])
+            d[int(np.argmax(var))] = 0.5 * np.sqrt(var.max())
+            mu = np.vstack([mu, mu[c] + d])
+            mu[c] = mu[c] - d
+            cov = np.concatenate([cov, cov[c:c + 1]])
+            w[c] *= 0.5
+            w = np.append(w, w[c])
+        return self.be.GMM(len(w), self.X.shape[1], means=mu, covars=cov, weights=w / w.sum(),
+                           cvtype=p.cvtype, dtype=p.dtype, reg_covar=p.reg_covar)
+
+    def _reduce(self, g, m):
+        """A model with the m heaviest components of g (weights renormalised); it is retrained
+        on the cluster's frames by the next resegmentation."""
+        w = np.asarray(g.weights, np.float64)
+        keep = np.sort(np.argsort(w)[::-1][:m])
+        return self.be.GMM(m, self.X.shape[1], means=np.asarray(g.means)[keep],
+                           covars=np.asarray(g.covars)[keep], weights=w[keep] / w[keep].sum(),
+                           cvtype=self.p.cvtype, dtype=self.p.dtype, reg_covar=self.p.reg_covar)
+
+    def final_labels(self, mode: str = "sliding", width: int | None = None):
+        """Labels of the final models: 'block' = the seed's last block vote, 'sliding' = a centred
+        sliding-window vote (finer boundaries, same models, no retraining)."""
+        if mode == "block" or len(self.gmms) == 1:
+            return self.labels
+        t0 = time.perf_counter()
+        ll = self._loglik()
+        out = sliding_vote(ll, width or self.p.seg_len)
+        self.prof.total += time.perf_counter() - t0
+        return out

@@ -1,0 +1,273 @@
+"""Tests of the speaker-diarization example (examples/diarization).
+
+They need no speech synthesiser: they use the bundled meeting and synthetic signals. The
+clustering is checked with the scikit-learn adapter and, when asp_gmm is importable, with its "c"
+and "numpy" backends.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples" / "diarization"
+MEETING = EX / "data" / "meeting.flac"
+MEETING_RTTM = EX / "data" / "meeting.rttm"
+sys.path.insert(0, str(EX))
+
+sf = pytest.importorskip("soundfile")
+pytest.importorskip("librosa")
+
+import cluster  # noqa: E402
+import features  # noqa: E402
+import rttm  # noqa: E402
+import sklearn_gmm  # noqa: E402
+
+
+def _has_asp_gmm():
+    try:
+        import asp_gmm  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+# ---------------------------------------------------------------------------- RTTM and segments
+def test_rttm_round_trip(tmp_path):
+    segs = [(0.5, 1.25, "alice"), (2.0, 3.5, "bob"), (6.0, 0.75, "alice")]
+    p = tmp_path / "x.rttm"
+    rttm.write_rttm(p, "meet", segs)
+    line = p.read_text().splitlines()[0].split()
+    assert line == ["SPEAKER", "meet", "1", "0.500", "1.250", "<NA>", "<NA>", "alice", "<NA>", "<NA>"]
+    back = rttm.read_rttm(p)
+    assert list(back) == ["meet"]
+    assert back["meet"] == segs
+    d = rttm.der(segs, back["meet"], "meet", duration=7.0)
+    assert d["der"] == 0.0
+
+
+def test_read_rttm_errors(tmp_path):
+    with pytest.raises(features.DiarizationError, match="not found"):
+        rttm.read_rttm(tmp_path / "missing.rttm")
+    bad = tmp_path / "bad.rttm"
+    bad.write_text("SPEAKER meet 1 zero 1.0 <NA> <NA> a <NA> <NA>\n")
+    with pytest.raises(features.DiarizationError, match="malformed"):
+        rttm.read_rttm(bad)
+    empty = tmp_path / "empty.rttm"
+    empty.write_text(";; nothing\n")
+    with pytest.raises(features.DiarizationError, match="no SPEAKER"):
+        rttm.read_rttm(empty)
+
+
+def test_labels_to_segments_merge_gap_and_times():
+    lab = np.array([-1] * 10 + [0] * 100 + [-1] * 30 + [0] * 50 + [-1] * 80 + [1] * 60)
+    segs = rttm.labels_to_segments(lab, 100, merge_gap=0.5, names=["a", "b"])
+    # the 0.3 s pause of speaker a is bridged, the 0.8 s one before b is not
+    assert [s[2] for s in segs] == ["a", "b"]
+    assert segs[0][0] == pytest.approx(0.095)
+    assert segs[0][0] + segs[0][1] == pytest.approx(1.895)
+    assert segs[1][0] == pytest.approx(2.695)
+    no_merge = rttm.labels_to_segments(lab, 100, merge_gap=0.0)
+    assert len(no_merge) == 3
+
+
+def test_der_collar_is_nist_quarter_second():
+    ref = [(0.0, 10.0, "a"), (10.0, 10.0, "b")]
+    # boundary 0.2 s late: inside the +-0.25 s collar, no error
+    assert rttm.der(ref, [(0.0, 10.2, "x"), (10.2, 9.8, "y")], "u", duration=20)["der"] == 0
+    # the scored region is the whole file: speech claimed after the reference's end is an error
+    d = rttm.der(ref, ref + [(21.0, 1.0, "z")], "u", duration=22.0)
+    assert d["false alarm"] == pytest.approx(1.0)
+    # boundary 0.5 s late: 0.25 s of confusion outside the collar, over 19 scored seconds
+    d = rttm.der(ref, [(0.0, 10.5, "x"), (10.5, 9.5, "y")], "u", duration=20)
+    assert d["der"] == pytest.approx(0.25 / 19.0, rel=1e-3)
+
+
+# ---------------------------------------------------------------------------- votes
+def test_block_majority_vote():
+    best = np.array([0, 0, 1, 0, 1, 1, 1, 0, 2, 2, 0, 2, 2])  # blocks of 4; the last takes 5
+    out = cluster.majority_vote(best, 3, 4)
+    assert out.tolist() == [0] * 4 + [1] * 4 + [2] * 5
+    # ties go to the lowest index, like scipy.stats.mode
+    assert cluster.majority_vote(np.array([1, 0, 0, 1]), 2, 4).tolist() == [0, 0, 0, 0]
+
+
+def test_sliding_majority_places_change_where_majority_flips():
+    rng = np.random.default_rng(0)
+    truth = np.r_[np.zeros(330, int), np.ones(470, int)]
+    noisy = truth.copy()
+    flip = rng.random(len(truth)) < 0.25  # a quarter of the frame decisions wrong
+    noisy[flip] = 1 - noisy[flip]
+    out = cluster.sliding_majority(noisy, 2, 100)
+    change = np.flatnonzero(np.diff(out))
+    assert len(change) == 1 and abs(change[0] + 1 - 330) <= 20
+    blocks = cluster.majority_vote(noisy, 2, 100)
+    assert np.flatnonzero(np.diff(blocks))[0] + 1 in (300, 400)  # the block vote snaps to an edge
+
+
+# ---------------------------------------------------------------------------- features
+def _tone_bursts(sr=16000):
+    t = np.arange(int(0.8 * sr)) / sr
+    burst = (0.3 * np.sin(2 * np.pi * 220 * t) * np.hanning(len(t))).astype(np.float32)
+    gap = np.zeros(int(0.7 * sr), np.float32)
+    x = np.concatenate([gap, burst, gap, burst, gap])
+    return x + 1e-4 * np.random.default_rng(1).standard_normal(len(x)).astype(np.float32)
+
+
+def test_features_shape_rate_and_speech_detection():
+    x = _tone_bursts()
+    f = features.compute_features(x, 16000)
+    assert f.mfcc.shape[1] == 19 and f.mfcc.dtype == np.float32
+    assert abs(len(f.speech) - len(x) / 160) <= 2  # 100 frames per second
+    on = f.speech.astype(int)
+    assert on[:60].sum() == 0 and on[-60:].sum() == 0
+    assert on[80:140].all()  # inside the first burst (0.7 s to 1.5 s)
+    assert np.allclose(f.mfcc[f.speech].mean(0), 0, atol=1e-4)
+    # another sample rate gives the same frame rate; stationary noise alone is no speech
+    f8 = features.compute_features(x[::2].copy(), 8000)
+    assert abs(len(f8.speech) - len(f.speech)) <= 2
+    noise = 0.01 * np.random.default_rng(2).standard_normal(32000).astype(np.float32)
+    assert not features.compute_features(noise, 16000).speech.any()
+
+
+# ---------------------------------------------------------------------------- the adapter
+def test_sklearn_adapter_api_and_bic_sign():
+    rng = np.random.default_rng(0)
+    a = rng.normal(0, 1, (600, 3)).astype(np.float32)
+    b = rng.normal(6, 1, (600, 3)).astype(np.float32)
+    for cv in ("diag", "full"):
+        g = sklearn_gmm.GMM(2, 3, cvtype=cv)
+        ll = g.train(a, min_em_iters=3, max_em_iters=3)
+        assert ll == pytest.approx(g.score(a).sum()) and g.loglik == ll and g.n_events == 600
+        lp, post = g.eval(a)
+        assert post.shape == (600, 2) and np.allclose(post.sum(1), 1)
+        assert g.covars.shape == ((2, 3, 3) if cv == "full" else (2, 3))
+        h = sklearn_gmm.GMM(2, 3, cvtype=cv)
+        h.train(b, 3, 3)
+        g2 = sklearn_gmm.GMM(2, 3, cvtype=cv)
+        g2.train(a[:300], 3, 3)
+        g3 = sklearn_gmm.GMM(2, 3, cvtype=cv)
+        g3.train(a[300:], 3, 3)
+        merged, diff_score = sklearn_gmm.compute_distance_BIC(g, h, np.concatenate([a, b]),
+                                                              min_em_iters=3, max_em_iters=3)
+        assert merged.M == 4 and diff_score < 0
+        _, same_score = sklearn_gmm.compute_distance_BIC(g2, g3, a, min_em_iters=3, max_em_iters=3)
+        assert same_score > diff_score
+
+
+@pytest.mark.skipif(not _has_asp_gmm(), reason="asp_gmm not importable")
+def test_sklearn_adapter_matches_asp_gmm_numpy():
+    """The adapter and asp_gmm run the same EM: from the same parameters, same results."""
+    from asp_gmm import GMM
+    rng = np.random.default_rng(3)
+    X = np.concatenate([rng.normal(0, 1, (400, 4)), rng.normal(3, 0.5, (400, 4))]).astype(np.float64)
+    for cv in ("diag", "full"):
+        a = sklearn_gmm.GMM(3, 4, cvtype=cv, dtype=np.float64, reg_covar=1e-3)
+        b = GMM(3, 4, cvtype=cv, dtype=np.float64, reg_covar=1e-3, backend="numpy")
+        la = a.train(X, 4, 4)
+        lb = b.train(X, 4, 4)
+        assert la == pytest.approx(lb, rel=1e-6)
+        assert np.allclose(a.means, b.means, atol=1e-6)
+        la, lb = a.train(X[:500], 2, 2), b.train(X[:500], 2, 2)  # warm start
+        assert la == pytest.approx(lb, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------- clustering
+@pytest.fixture(scope="module")
+def meeting():
+    x, sr = features.load_audio(MEETING)
+    f = features.compute_features(x, sr)
+    ref = rttm.read_rttm(MEETING_RTTM)["meeting"]
+    return f, ref
+
+
+def _diarize_frames(meeting, backend, **kw):
+    f, ref = meeting
+    p = cluster.ClusterParams(**kw)
+    c = cluster.Clusterer(f.mfcc[f.speech], cluster.Backend(backend), p)
+    c.run()
+    lab = c.final_labels("sliding")
+    full = np.full(len(f.speech), -1)
+    full[f.speech] = lab
+    segs = rttm.labels_to_segments(full, features.FRAME_RATE, merge_gap=0.5)
+    return len(np.unique(lab)), rttm.der(ref, segs, "meeting", duration=len(f.speech) / 100)["der"], c
+
+
+BACKENDS = ["sklearn"] + (["c", "numpy"] if _has_asp_gmm() else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clustering_finds_the_four_speakers(meeting, backend):
+    n, d, c = _diarize_frames(meeting, backend)
+    assert n == 4, f"{backend}: {n} speakers, history {c.history}"
+    assert d < 0.10, f"{backend}: DER {d:.3f}"
+    assert c.prof.rounds >= 1 and c.prof.calls["bic"] > 0  # stopped by BIC, not by a lack of clusters
+
+
+def test_bundled_meeting_is_small_and_matches_its_rttm():
+    assert MEETING.stat().st_size <= 2 * 1024 * 1024
+    info = sf.info(str(MEETING))
+    ref = rttm.read_rttm(MEETING_RTTM)["meeting"]
+    assert len({s[2] for s in ref}) == 4
+    assert 100 <= info.duration <= 150
+    assert max(s[0] + s[1] for s in ref) <= info.duration
+
+
+# ---------------------------------------------------------------------------- the command
+def _run(*args, timeout=120):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, str(EX / "diarize.py"), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _write(path, x, sr=16000):
+    sf.write(str(path), np.asarray(x, np.float32), sr)
+    return path
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "no such file"),
+    ("garbage", "cannot read audio"),
+    ("empty", "no audio samples"),
+    ("short", "shorter than one voting segment"),
+])
+def test_bad_audio_fails_cleanly(tmp_path, case, message):
+    p = tmp_path / f"{case}.wav"
+    if case == "garbage":
+        p.write_bytes(b"this is not audio" * 50)
+    elif case == "empty":
+        _write(p, np.zeros(0))
+    elif case == "short":
+        _write(p, 0.1 * np.random.default_rng(0).standard_normal(16000))
+    r = _run(p, "--rttm", tmp_path / "out.rttm", "--backend", "sklearn")
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out.rttm").exists()
+
+
+def test_silence_and_missing_reference_fail_cleanly(tmp_path):
+    p = _write(tmp_path / "silence.wav", np.zeros(16000 * 5))
+    r = _run(p, "--rttm", tmp_path / "out.rttm", "--backend", "sklearn")
+    assert r.returncode == 2 and "no speech" in r.stderr and "Traceback" not in r.stderr
+    r = _run(MEETING, "--rttm", tmp_path / "out.rttm", "--ref", tmp_path / "nope.rttm")
+    assert r.returncode == 2 and "reference RTTM not found" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_command_on_bundled_meeting(tmp_path):
+    out, png = tmp_path / "hyp.rttm", tmp_path / "t.png"
+    r = _run(MEETING, "--rttm", out, "--ref", MEETING_RTTM, "--backend", "sklearn", "--plot", png,
+             "--cvtype", "full")
+    assert r.returncode == 0, r.stderr
+    assert "speakers found: 4" in r.stdout
+    der = float(r.stdout.split("DER:")[1].split("%")[0])
+    assert der < 10.0
+    assert "x-realtime:" in r.stdout
+    hyp = rttm.read_rttm(out)["meeting"]
+    assert len({s[2] for s in hyp}) == 4
+    assert png.stat().st_size > 1000
