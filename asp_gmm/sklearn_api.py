@@ -227,29 +227,54 @@ def _estimate_params(X, resp, reg, cvtype):
     return nk, means, cov
 
 
-def _hard_params(X, groups, reg, cvtype):
-    """As :func:`_estimate_params` for 0/1 responsibilities given as one index array per component,
-    in O(N D^2) instead of O(N M D^2)."""
-    M, D = len(groups), X.shape[1]
-    eps10 = 10.0 * np.finfo(np.float64).eps
-    nk = np.array([len(g) for g in groups], dtype=np.float64) + eps10
-    means = np.stack([X[g].sum(axis=0) for g in groups]) / nk[:, None]
-    if cvtype == "full":
-        cov = np.empty((M, D, D))
-        for k, g in enumerate(groups):
-            diff = X[g] - means[k]
-            cov[k] = diff.T @ diff / nk[k]
-            cov[k].flat[:: D + 1] += reg
-    elif cvtype == "tied":
-        cov = X.T @ X - (nk * means.T) @ means
-        cov /= nk.sum()
-        cov.flat[:: D + 1] += reg
-    else:
-        sq = np.stack([(X[g] * X[g]).sum(axis=0) for g in groups])
-        cov = sq / nk[:, None] - means ** 2 + reg
-        if cvtype == "spherical":
-            cov = cov.mean(axis=1)
+def _one_blas_thread():
+    """Context in which BLAS runs on one thread: the hard-label statistics are M small products,
+    where BLAS threading costs more than it gives (and much more on a loaded machine)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of asp_gmm
+        import contextlib
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def _hard_params(X, rows, bounds, reg, cvtype):
+    """As :func:`_estimate_params` for 0/1 responsibilities, in O(N D^2) instead of O(N M D^2):
+    component k owns the events ``rows[bounds[k]:bounds[k + 1]]``."""
+    M, D = len(bounds) - 1, X.shape[1]
+    Xs = X[rows]
+    nk = np.diff(bounds).astype(np.float64) + 10.0 * np.finfo(np.float64).eps
+    with _one_blas_thread():
+        parts = [Xs[bounds[k]:bounds[k + 1]] for k in range(M)]
+        means = np.stack([p.sum(axis=0) for p in parts]) / nk[:, None]
+        if cvtype == "full":
+            cov = np.empty((M, D, D))
+            for k in range(M):
+                diff = parts[k] - means[k]
+                cov[k] = diff.T @ diff / nk[k]
+                cov[k].flat[:: D + 1] += reg
+        elif cvtype == "tied":
+            cov = X.T @ X - (nk * means.T) @ means
+            cov /= nk.sum()
+            cov.flat[:: D + 1] += reg
+        else:
+            sq = np.stack([np.einsum("nd,nd->d", p, p) for p in parts])
+            cov = sq / nk[:, None] - means ** 2 + reg
+            if cvtype == "spherical":
+                cov = cov.mean(axis=1)
     return nk, means, cov
+
+
+def _one_hot_params(X, idx, reg, cvtype):
+    """Component k owns exactly event ``idx[k]`` (k-means++, random_from_data)."""
+    return _hard_params(X, np.asarray(idx), np.arange(len(idx) + 1), reg, cvtype)
+
+
+def _label_params(X, labels, M, reg, cvtype):
+    """Component k owns the events labelled k (k-means)."""
+    order = np.argsort(labels, kind="stable")
+    bounds = np.searchsorted(labels[order], np.arange(M + 1))
+    return _hard_params(X, order, bounds, reg, cvtype)
 
 
 def _log_det_cholesky(pc, cvtype, D):
@@ -534,7 +559,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             return _estimate_params(X64, resp, reg, cvtype)
         if method == "random_from_data":
             idx = random_state.choice(N, size=M, replace=False)
-            return _hard_params(X64, [idx[k:k + 1] for k in range(M)], reg, cvtype)
+            return _one_hot_params(X64, idx, reg, cvtype)
         sub = None
         if N > KMEANS_SUBSAMPLE:
             sub = np.sort(random_state.choice(N, size=KMEANS_SUBSAMPLE, replace=False))
@@ -543,13 +568,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             _, idx = kmeans_plusplus(Xs, M, random_state=random_state)
             if sub is not None:
                 idx = sub[idx]
-            return _hard_params(X64, [idx[k:k + 1] for k in range(M)], reg, cvtype)
+            return _one_hot_params(X64, idx, reg, cvtype)
         km = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(Xs)
         labels = km.labels_ if sub is None else km.predict(X)
-        order = np.argsort(labels, kind="stable")
-        bounds = np.searchsorted(labels[order], np.arange(M + 1))
-        groups = [order[bounds[k]:bounds[k + 1]] for k in range(M)]
-        return _hard_params(X64, groups, reg, cvtype)
+        return _label_params(X64, labels, M, reg, cvtype)
 
     # ------------------------------------------------------------------------------ parameters
     def _set_parameters(self, params, dt, from_precisions=False):

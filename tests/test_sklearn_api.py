@@ -316,3 +316,15 @@ def test_import_error_without_sklearn():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "pip install scikit-learn" in r.stdout
+
+
+def test_hard_label_statistics_equal_sklearn_formulas(rng):
+    """The O(N D^2) hard-label initial parameters equal scikit-learn's formulas with 0/1
+    responsibilities, empty components included (mean 0, covariance reg_covar)."""
+    X = rng.standard_normal((300, 3)) + 5.0
+    labels = rng.integers(0, 4, 300)  # component 4 of 5 stays empty
+    for cvtype in CVTYPES:
+        got = sklearn_api._label_params(X, labels, 5, 1e-6, cvtype)
+        want = sklearn_api._estimate_params(X, np.eye(5)[labels], 1e-6, cvtype)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
