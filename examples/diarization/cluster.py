@@ -25,7 +25,7 @@ from features import DiarizationError
 class ClusterParams:
     n_init: int = 16            # initial clusters
     n_components: int = 5       # components per initial cluster
-    seg_len: int = 250          # majority-vote block, frames (2.5 s)
+    seg_len: int = 150          # majority-vote length, frames (1.5 s; the seed: 250)
     em_iters: int = 3           # EM iterations per train() (cluster retraining and merged models)
     cvtype: str = "diag"
     seg_loops_init: int = 2     # resegmentations before the first merge round

@@ -45,7 +45,8 @@ def build_parser():
     g = ap.add_argument_group("clustering (defaults: the ICSI/PyCASP seed)")
     g.add_argument("--clusters", type=int, default=16, help="initial clusters")
     g.add_argument("--components", type=int, default=5, help="Gaussians per initial cluster")
-    g.add_argument("--segment", type=int, default=250, help="majority-vote segment, frames (10 ms)")
+    g.add_argument("--segment", type=int, default=150,
+                   help="majority-vote length, frames of 10 ms (the seed: 250)")
     g.add_argument("--em-iters", type=int, default=3, help="EM iterations per training")
     g.add_argument("--cvtype", default="diag", choices=["diag", "full"], help="covariance type")
     g.add_argument("--seg-loops-init", type=int, default=2, help="resegmentations before merging")

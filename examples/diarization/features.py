@@ -8,6 +8,7 @@ the recording's noise floor and speech level, then gap closing and short-burst r
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,13 +29,42 @@ class Features:
     frame_rate: int = FRAME_RATE
 
 
-def load_audio(path) -> tuple[np.ndarray, int]:
-    """Read WAV/FLAC/OGG (anything libsndfile reads) at its own rate; stereo is mixed down."""
+def default_jobs() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def load_audio(path, n_jobs: int | None = None) -> tuple[np.ndarray, int]:
+    """Read WAV/FLAC/OGG (anything libsndfile reads) at its own rate; stereo is mixed down.
+
+    Long files are decoded in ``n_jobs`` pieces on threads (libsndfile runs without the GIL)."""
     import soundfile as sf
     try:
-        x, sr = sf.read(str(path), dtype="float32", always_2d=True)
+        info = sf.info(str(path))
+        n, ch = info.frames, info.channels
+        jobs = n_jobs or default_jobs()
+        if n <= 0:
+            raise DiarizationError(f"{path}: the file contains no audio samples")
+        if jobs > 1 and n > 60 * info.samplerate:
+            out = np.empty((n, ch), np.float32)
+            bounds = np.linspace(0, n, jobs + 1).astype(int)
+
+            def part(i):
+                with sf.SoundFile(str(path)) as f:
+                    f.seek(int(bounds[i]))
+                    got = f.read(int(bounds[i + 1] - bounds[i]), dtype="float32", always_2d=True,
+                                 out=out[bounds[i]:bounds[i + 1]])
+                    return len(got)
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(jobs) as ex:
+                if sum(ex.map(part, range(jobs))) != n:
+                    raise RuntimeError("short read")
+            x, sr = out, info.samplerate
+        else:
+            x, sr = sf.read(str(path), dtype="float32", always_2d=True)
     except FileNotFoundError:
         raise DiarizationError(f"{path}: no such file") from None
+    except DiarizationError:
+        raise
     except (RuntimeError, sf.LibsndfileError, TypeError, ValueError) as e:
         raise DiarizationError(f"{path}: cannot read audio ({e})") from None
     if x.size == 0 or len(x) == 0:
@@ -75,25 +105,53 @@ def speech_activity(log_energy: np.ndarray, threshold: float = 0.35, min_range_d
 
 
 def compute_features(x: np.ndarray, sr: int, n_mfcc: int = 19, win: float = 0.025,
-                     hop: float = 0.010, n_mels: int = 40, vad_threshold: float = 0.35) -> Features:
+                     hop: float = 0.010, n_mels: int = 40, vad_threshold: float = 0.35,
+                     n_jobs: int | None = None, chunk: int = 4096) -> Features:
+    """MFCCs and speech activity of a mono signal.
+
+    Frames are cut with librosa's framing (centred, zero-padded ends, like ``librosa.stft``), a
+    Hamming window of ``win`` seconds zero-padded to the next power of two, and librosa's mel
+    filterbank. The pipeline runs on chunks of ``chunk`` frames on ``n_jobs`` threads (NumPy,
+    scipy.fft and BLAS release the GIL), which is several times faster than ``librosa.stft``
+    followed by ``librosa.feature.mfcc`` on a long recording and gives the same numbers.
+    """
     import librosa
+    import scipy.fft
     hop_len = int(round(hop * sr))
     win_len = int(round(win * sr))
     n_fft = 1 << (win_len - 1).bit_length()
-    if sr * hop != hop_len:
-        pass  # frame rate stays ~100/s; times are computed with FRAME_RATE
-    spec = np.abs(librosa.stft(x, n_fft=n_fft, hop_length=hop_len, win_length=win_len,
-                               window="hamming", center=True)) ** 2
-    log_energy = 10.0 * np.log10(spec.sum(axis=0) + 1e-10)
+    window = np.zeros(n_fft, np.float32)
+    off = (n_fft - win_len) // 2
+    window[off:off + win_len] = librosa.filters.get_window("hamming", win_len, fftbins=True)
     mel_fb = librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=20.0,
-                                 fmax=min(sr / 2.0, 8000.0))
-    log_mel = np.log(mel_fb @ spec + 1e-10)
-    # DCT-II (orthonormal) of the log-mel spectrum; keep c1..c{n_mfcc}.
-    import scipy.fft
-    ceps = scipy.fft.dct(log_mel, type=2, axis=0, norm="ortho")[1: n_mfcc + 1].T
+                                 fmax=min(sr / 2.0, 8000.0)).astype(np.float32)
+    mel_t = np.ascontiguousarray(mel_fb.T)
+    xp = np.pad(np.asarray(x, np.float32), n_fft // 2)
+    frames = librosa.util.frame(xp, frame_length=n_fft, hop_length=hop_len, axis=0)  # a view
+    T = frames.shape[0]
+    ceps = np.empty((T, n_mfcc), np.float32)
+    log_energy = np.empty(T, np.float32)
+
+    def work(start):
+        stop = min(T, start + chunk)
+        spec = scipy.fft.rfft(frames[start:stop] * window, axis=1)
+        power = spec.real ** 2 + spec.imag ** 2
+        log_energy[start:stop] = 10.0 * np.log10(power.sum(axis=1) + 1e-10)
+        log_mel = np.log(power @ mel_t + 1e-10)
+        ceps[start:stop] = scipy.fft.dct(log_mel, type=2, axis=1, norm="ortho")[:, 1:n_mfcc + 1]
+
+    starts = range(0, T, chunk)
+    jobs = n_jobs or default_jobs()
+    if jobs > 1 and T > chunk:
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(jobs) as ex:
+            list(ex.map(work, starts))
+    else:
+        for st in starts:
+            work(st)
     speech = speech_activity(log_energy, vad_threshold)
     ref = ceps[speech] if speech.sum() > 1 else ceps
     mu = ref.mean(axis=0)
     sd = ref.std(axis=0) + 1e-8
     mfcc = ((ceps - mu) / sd).astype(np.float32)
-    return Features(np.ascontiguousarray(mfcc), speech, log_energy.astype(np.float32), len(x) / sr)
+    return Features(np.ascontiguousarray(mfcc), speech, log_energy, len(x) / sr)
