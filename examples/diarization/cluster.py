@@ -34,6 +34,8 @@ class ClusterParams:
     vote: str = "sliding"       # "block": fixed blocks (seed); "sliding": window centred on each frame
     frames_per_component: int = 200  # > 0: a cluster's Gaussians follow its data, n_k / this
     max_model_components: int = 32   # ... between n_components and this; 0: as the seed (M1+M2)
+    fixed_init: bool = True     # no growth during the first seg_loops_init resegmentations
+    n_jobs: int = 1             # independent GMM calls (clusters, pairs) run on this many threads
     dtype: type = np.float32
 
 
@@ -141,6 +143,13 @@ def _n_components(g):
 
 
 class Clusterer:
+    """The clustering state: frames, one GMM per cluster, each cluster's frames.
+
+    Calls that are independent of each other (scoring every cluster, retraining every cluster,
+    scoring every pair) may run concurrently on ``params.n_jobs`` threads: the compiled backends
+    release the GIL, and the results are gathered in the same order as the serial loops, so the
+    outcome does not depend on n_jobs."""
+
     def __init__(self, X: np.ndarray, backend: Backend, params: ClusterParams, log=None, seed=0):
         self.X = np.ascontiguousarray(X, dtype=params.dtype)
         self.be = backend
@@ -148,24 +157,36 @@ class Clusterer:
         self.log = log or (lambda *a: None)
         self.prof = Profile()
         self.seed = seed
+        self._pool = None
+        if params.n_jobs > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self._pool = ThreadPoolExecutor(params.n_jobs)
         n = len(self.X)
         if n < params.seg_len:
             raise DiarizationError(
                 f"only {n / 100:.2f} s of speech; need at least one voting segment "
                 f"({params.seg_len / 100:.2f} s)")
 
-    def _train(self, g, X):
+    def _map(self, kind, fn, items):
+        """[fn(*item) for item in items], on the pool when there is one; timed as ``kind``."""
         t0 = time.perf_counter()
-        ll = g.train(X, min_em_iters=self.p.em_iters, max_em_iters=self.p.em_iters)
-        self.prof.add("train", t0)
-        return float(ll)
+        if self._pool is not None and len(items) > 1:
+            out = list(self._pool.map(lambda it: fn(*it), items))
+        else:
+            out = [fn(*it) for it in items]
+        self.prof.seconds[kind] += time.perf_counter() - t0
+        self.prof.calls[kind] += len(items)
+        return out
+
+    def _train_all(self, gmms, datas):
+        it = self.p.em_iters
+        return self._map("train", lambda g, X: float(g.train(X, min_em_iters=it, max_em_iters=it)),
+                         list(zip(gmms, datas)))
 
     def _loglik(self):
-        cols = []
-        for g in self.gmms:
-            t0 = time.perf_counter()
-            cols.append(np.asarray(g.score(self.X), dtype=np.float64))
-            self.prof.add("score", t0)
+        X = self.X
+        cols = self._map("score", lambda g: np.asarray(g.score(X), dtype=np.float64),
+                         [(g,) for g in self.gmms])
         return np.column_stack(cols)
 
     def resegment(self):
@@ -197,9 +218,9 @@ class Clusterer:
         Xs = self.X[order]
         edges = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=len(alive)))])
         self.data = [Xs[edges[i]:edges[i + 1]] for i in range(len(alive))]
-        if self.p.frames_per_component > 0 and self.p.max_model_components > 0:
+        if self.p.frames_per_component > 0 and self.p.max_model_components > 0 and self._grow:
             self.gmms = [self._resize(g, len(d)) for g, d in zip(self.gmms, self.data)]
-        self.ll = [self._train(g, d) for g, d in zip(self.gmms, self.data)]
+        self.ll = self._train_all(self.gmms, self.data)
         self.labels = labels
         return labels
 
@@ -210,10 +231,13 @@ class Clusterer:
         bounds = np.linspace(0, n, K + 1).round().astype(int)
         self.gmms = [self.be.GMM(p.n_components, D, cvtype=p.cvtype, dtype=p.dtype,
                                  reg_covar=p.reg_covar, seed=self.seed + k) for k in range(K)]
-        for g, a, b in zip(self.gmms, bounds[:-1], bounds[1:]):
-            self._train(g, self.X[a:b])
+        self._train_all(self.gmms, [self.X[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
+        # The first resegmentations keep the initial model size: a cluster that starts with two
+        # speakers must not get the Gaussians to hold both before purer clusters take its frames.
+        self._grow = not p.fixed_init
         for _ in range(p.seg_loops_init):
             self.resegment()
+        self._grow = True
         history = []
         while True:
             for _ in range(p.seg_loops):
@@ -223,14 +247,14 @@ class Clusterer:
             if k == 1:
                 break
             best, best_pair, best_model = 0.0, None, None
-            for i in range(k):
-                for j in range(i + 1, k):
-                    t0 = time.perf_counter()
-                    Xij = np.concatenate([self.data[i], self.data[j]])
-                    merged, score = self.be.bic(self.gmms[i], self.gmms[j], Xij, p.em_iters)
-                    self.prof.add("bic", t0)
-                    if score > best:
-                        best, best_pair, best_model = float(score), (i, j), merged
+            pairs = [(i, j) for i in range(k) for j in range(i + 1, k)]
+
+            def score_pair(i, j):
+                Xij = np.concatenate([self.data[i], self.data[j]])
+                return self.be.bic(self.gmms[i], self.gmms[j], Xij, p.em_iters)
+            for (i, j), (merged, score) in zip(pairs, self._map("bic", score_pair, pairs)):
+                if score > best:
+                    best, best_pair, best_model = float(score), (i, j), merged
             history.append((k, best, best_pair))
             self.log(f"  {k:2d} clusters, sizes {[len(d) for d in self.data]}, "
                      f"components {[_n_components(g) for g in self.gmms]}, best pair {best_pair} score {best:.1f}")
@@ -243,6 +267,9 @@ class Clusterer:
             self.prof.merges += 1
         self.history = history
         self.prof.total = time.perf_counter() - t_start
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
         return self.labels
 
     def _resize(self, g, n):
