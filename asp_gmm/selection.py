@@ -305,6 +305,10 @@ class HistorySelector(Selector):
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
             _disable(history, exc)
             return self._rule.plan(backend, problem, candidates, pinned)
+        with self._lock:  # another thread's record() may be folding rows into the index
+            return self._decide(backend, problem, candidates, idx)
+
+    def _decide(self, backend, problem, candidates, idx) -> Plan:
         valid = [c for c in candidates if not idx.failed(self.vkey(c), problem)]
         if not valid:
             log.debug("every candidate failed before on this device; trying the rule's choice again")

@@ -357,16 +357,21 @@ class History:
                 uids = [r.uid for r in rows]
                 for i in range(0, len(uids), 500):
                     existing.update(conn.execute(select(Timing.uid).where(Timing.uid.in_(uids[i:i + 500]))).scalars())
-            values = []
-            for r in rows:
-                if r.uid in existing:
-                    continue
-                values.append(dict(uid=r.uid, device_id=r.device_id, variant_id=self._variant_id(conn, r.variant),
-                                   N=r.N, D=r.D, M=r.M, cvtype=r.cvtype, dtype=r.dtype, seconds=r.seconds,
-                                   cov_seconds=r.cov_seconds, repeats=r.repeats, status=r.status,
-                                   created_at=r.created_at, package_version=r.package_version))
-            if values:
-                conn.execute(Timing.__table__.insert(), values)
+            cols = ("uid", "device_id", "variant_id", "N", "D", "M", "cvtype", "dtype", "seconds", "cov_seconds",
+                    "repeats", "status", "created_at", "package_version")
+            values = [(r.uid, r.device_id, self._variant_id(conn, r.variant), r.N, r.D, r.M, r.cvtype, r.dtype,
+                       r.seconds, r.cov_seconds, r.repeats, r.status, r.created_at, r.package_version)
+                      for r in rows if r.uid not in existing]
+            if values and self.is_sqlite:
+                # the driver's executemany: SQLAlchemy's per-row bind processing costs ~15 us a row,
+                # which a program calling train() thousands of times would pay. The timestamp is
+                # stored as the same text SQLAlchemy's DateTime writes on SQLite.
+                sql = (f"INSERT INTO {Timing.__tablename__} ({', '.join(cols)}) "
+                       f"VALUES ({', '.join('?' * len(cols))})")
+                conn.exec_driver_sql(sql, [v[:12] + (v[12].isoformat(sep=" ", timespec="microseconds"), v[13])
+                                           for v in values])
+            elif values:
+                conn.execute(Timing.__table__.insert(), [dict(zip(cols, v)) for v in values])
         return len(values)
 
     def _ensure_device(self, conn, device_id: str, fp: dict):
@@ -406,7 +411,7 @@ class History:
         self.flush()
         return self._run(lambda: self._select(device_id, since_id, limit, newest_first), "read")
 
-    def _select(self, device_id, since_id, limit=None, newest_first=False):
+    def _select(self, device_id, since_id, limit=None, newest_first=False, extra=None):
         T, V = Timing.__table__.c, Variant.__table__.c
         q = (select(T.id, T.uid, T.device_id, V.backend, V.name, V.tunables, V.source_sha256, T.N, T.D, T.M,
                     T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, T.created_at,
@@ -415,6 +420,8 @@ class History:
              .where(T.id > since_id))
         if device_id is not None:
             q = q.where(T.device_id == device_id)
+        if extra is not None:
+            q = q.where(extra)
         q = q.order_by(T.id.desc() if newest_first else T.id)
         if limit is not None:
             q = q.limit(limit)
@@ -442,10 +449,28 @@ class History:
                 for r in self._pending:
                     if r.device_id == device_id:
                         v._add(r)
-            for r in self._run(lambda: self._select(device_id, v.max_id), "read"):
-                v._add(r)
+            if not v.max_id and not v.loaded_at:
+                for r in self._run(lambda: self._select(device_id, 0), "read"):
+                    v._add(r)
+            else:
+                self._run(lambda: self._refresh(v), "read")
             v.loaded_at = time.monotonic()
         return v
+
+    def _refresh(self, v: DeviceView) -> None:
+        """Add the rows stored since ``v`` was read. Only (id, uid) of the newer rows are read first:
+        most are this process's own rows, already in the view, and need not be read back."""
+        T = Timing.__table__.c
+        with self._engine.connect() as conn:
+            new = conn.execute(select(T.id, T.uid).where(T.device_id == v.device_id, T.id > v.max_id)).all()
+        if not new:
+            return
+        missing = [i for i, uid in new if uid not in v.uids]
+        for k in range(0, len(missing), 500):
+            ids = missing[k:k + 500]
+            for r in self._select(v.device_id, min(ids) - 1, extra=T.id.in_(ids)):
+                v._add(r)
+        v.max_id = max(v.max_id, max(i for i, _ in new))
 
     def devices(self) -> list:
         """``[(device_id, fingerprint dict, number of rows)]`` of the stored devices."""

@@ -1,0 +1,308 @@
+"""How much the selected variant gains over always using V1 and over the best single fixed variant.
+
+    python benchmarks/selection.py                      # CPU grid on the C backend (a few minutes)
+    python benchmarks/selection.py --grid small         # seconds, for a smoke test
+    python benchmarks/selection.py --backend cuda --grid gpu    # the GPU grid (the paper's sizes)
+
+For every problem of the grid (D x M x N, full covariance, float32), every variant's default
+configuration runs ``--repeats`` single EM iterations, the variants taking turns from the same
+initial parameters (``asp_gmm.autotune.measure``; a variant stops repeating after
+``--max-seconds``, but runs at least twice). The samples are split in two halves:
+
+* half A is recorded into a private history (a temporary SQLite file, never the user's), and the
+  real :class:`asp_gmm.selection.HistorySelector` chooses from it:
+  - **selected**: the history has the problem (what ``train`` does once a problem is measured);
+  - **predicted**: leave-one-out: the history has every *other* problem of the grid, and the
+    selector predicts from the nearest measured problems (autotuning off: rule 3);
+* half B, measured independently, prices every choice, so that noise that made a variant win in A
+  does not also make it look fast.
+
+Gains are reported both as time saved, ``1 - t_choice / t_V1``, and as speed-up, ``t_V1 /
+t_choice``, averaged over the grid (arithmetic mean of the per-problem values; the speed-up's
+geometric mean is given too). The best single fixed variant is the one with the smallest geometric
+mean of ``t_variant / t_fastest`` over the grid. The selection overhead per ``train`` call on a warm
+history is measured at the end (``--overhead-only`` runs only that).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from asp_gmm import autotune  # noqa: E402
+from asp_gmm.backends import get_backend  # noqa: E402
+from asp_gmm.problem import Problem  # noqa: E402
+from asp_gmm.selection import Config, HistorySelector, RuleSelector, problem_class  # noqa: E402
+from asp_gmm.tuning_db import History  # noqa: E402
+
+GRIDS = {
+    # the paper's D 2..36 and M 1..128; N up to 150 000 keeps the CPU run to minutes on 2 cores
+    "cpu": dict(N=[10000, 50000, 150000], D=[2, 6, 12, 19, 36], M=[1, 4, 16, 64, 128]),
+    # the paper's GPU sizes, up to N = 500 000
+    "gpu": dict(N=[10000, 100000, 500000], D=[2, 6, 12, 19, 24, 36], M=[1, 4, 16, 32, 64, 128]),
+    "small": dict(N=[2000, 8000], D=[2, 8], M=[1, 8]),
+}
+
+
+def fmt_pct(x):
+    return f"{100 * x:+.1f}%"
+
+
+def measure_grid(backend, problems, repeats, max_seconds, seed, log):
+    data = {}
+    t0 = time.time()
+    for i, p in enumerate(problems):
+        cfgs = autotune.configs_for(backend, p)
+        ms = autotune.measure(backend, p, cfgs, repeats=repeats, seed=seed, max_seconds=max_seconds,
+                              min_repeats=2)
+        data[p] = ms
+        ok = [m for m in ms if m.status == "ok"]
+        w = min(ok, key=lambda m: m.seconds) if ok else None
+        log(f"[{i + 1:3d}/{len(problems)} {time.time() - t0:6.0f}s] N={p.N:7d} D={p.D:3d} M={p.M:4d}  "
+            + "  ".join(f"{m.config.variant.name}:{1e3 * m.seconds:.2f}" if m.status == "ok"
+                        else f"{m.config.variant.name}:{m.status}" for m in ms)
+            + (f"  -> {w.config.variant.name}" if w else ""))
+    return data
+
+
+def halves(m):
+    a, b = m.samples[0::2], m.samples[1::2]
+    return statistics.median(a), statistics.median(b if b else a)
+
+
+def history_from(backend, data, folder, name, exclude=None):
+    h = History(f"sqlite:///{folder}/{name}.sqlite", batch_rows=100000, flush_interval=1e9)
+    sel = HistorySelector(h)
+    for p, ms in data.items():
+        if exclude is not None and problem_class(p) == problem_class(exclude):
+            continue
+        for m in ms:
+            if m.status == "ok":
+                a, _ = halves(m)
+                sel.record(backend, p, m.config, "ok", a, None, len(m.samples[0::2]))
+            else:
+                sel.record(backend, p, m.config, m.status)
+    h.flush()
+    return h, sel
+
+
+def evaluate(backend, data, folder, log):
+    os.environ["ASP_GMM_AUTOTUNE"] = "0"  # prediction, not exploration
+    h, sel = history_from(backend, data, folder, "all")
+    rows = []
+    for k, (p, ms) in enumerate(data.items()):
+        cands = autotune.configs_for(backend, p)
+        tB = {m.config.variant.name: halves(m)[1] for m in ms if m.status == "ok"}
+        plan = sel.plan(backend, p, cands)
+        hl, lsel = history_from(backend, data, folder, f"loo{k}", exclude=p)
+        lplan = lsel.plan(backend, p, cands)
+        hl.close()
+        os.unlink(f"{folder}/loo{k}.sqlite")
+        rows.append(dict(N=p.N, D=p.D, M=p.M, times=tB, selected=plan.primary.variant.name, sel_reason=plan.reason,
+                         predicted=lplan.primary.variant.name, pred_reason=lplan.reason,
+                         oracle=min(tB, key=tB.get)))
+    h.close()
+    return rows
+
+
+def summarise(rows, baseline="V1"):
+    names = sorted({n for r in rows for n in r["times"]})
+    full = [n for n in names if all(n in r["times"] for r in rows)]
+    geo = {n: math.exp(statistics.fmean(math.log(r["times"][n] / r["times"][r["oracle"]]) for r in rows))
+           for n in full}
+    fixed = min(geo, key=geo.get)
+    out = {"best_fixed": fixed, "fixed_geomean_vs_oracle": geo}
+    for who in ("selected", "predicted", "oracle"):
+        for ref in (baseline, fixed):
+            saved = [1 - r["times"][r[who]] / r["times"][ref] for r in rows if ref in r["times"]]
+            speed = [r["times"][ref] / r["times"][r[who]] for r in rows if ref in r["times"]]
+            i_max = int(np.argmax(speed))
+            rr = [r for r in rows if ref in r["times"]][i_max]
+            out[f"{who}_vs_{ref}"] = dict(
+                mean_saved=statistics.fmean(saved), max_saved=max(saved), mean_speedup=statistics.fmean(speed),
+                geomean_speedup=math.exp(statistics.fmean(map(math.log, speed))), max_speedup=max(speed),
+                at=(rr["N"], rr["D"], rr["M"]))
+        out[f"{who}_hits_oracle"] = sum(r[who] == r["oracle"] for r in rows) / len(rows)
+    return out
+
+
+def report(rows, summ, baseline="V1"):
+    fixed = summ["best_fixed"]
+    lines = [f"best single fixed variant: {fixed} (geometric mean of t / t_fastest over the grid: "
+             + ", ".join(f"{n} {v:.2f}" for n, v in sorted(summ['fixed_geomean_vs_oracle'].items())) + ")", "",
+             f"{'choice':30} {'vs':5} {'mean saved':>10} {'max saved':>10} {'mean x':>7} {'geo x':>6} {'max x':>6}"
+             f"  {'max at (N, D, M)':18} {'= fastest':>9}"]
+    for who, label in (("selected", "selected (history has problem)"), ("predicted", "predicted (leave-one-out)"),
+                       ("oracle", "fastest in half B (bound)")):
+        for ref in dict.fromkeys((baseline, fixed)):
+            s = summ[f"{who}_vs_{ref}"]
+            lines.append(f"{label:30} {ref:5} {fmt_pct(s['mean_saved']):>10} {fmt_pct(s['max_saved']):>10} "
+                         f"{s['mean_speedup']:7.2f} {s['geomean_speedup']:6.2f} {s['max_speedup']:6.2f}  "
+                         f"{str(s['at']):18} {100 * summ[f'{who}_hits_oracle']:8.0f}%")
+    return "\n".join(lines)
+
+
+def per_problem_table(rows, baseline="V1"):
+    names = sorted({n for r in rows for n in r["times"]})
+    head = f"{'N':>7} {'D':>3} {'M':>4} " + " ".join(f"{n:>9}" for n in names) + \
+        f" {'selected':>8} {'predicted':>9} {'saved vs ' + baseline:>13}"
+    out = [head]
+    for r in rows:
+        t = r["times"]
+        saved = 1 - t[r["selected"]] / t[baseline] if baseline in t else float("nan")
+        out.append(f"{r['N']:7d} {r['D']:3d} {r['M']:4d} " + " ".join(
+            f"{1e3 * t[n]:9.2f}" if n in t else f"{'-':>9}" for n in names)
+            + f" {r['selected']:>8} {r['predicted']:>9} {fmt_pct(saved):>13}")
+    out.append("(milliseconds per EM iteration, half B)")
+    return "\n".join(out)
+
+
+def _export(h, folder):
+    h.export(f"{folder}/warm.json")
+    return f"{folder}/warm.json"
+
+
+def overhead(backend_name, calls, log):
+    """Selection cost per train call on a warm history: plan, record, and whole small train calls."""
+    from asp_gmm import GMM
+    from asp_gmm import selection
+    os.environ["ASP_GMM_AUTOTUNE"] = "1"
+    folder = tempfile.mkdtemp(prefix="asp_gmm_overhead_")
+    os.environ["ASP_GMM_DB"] = f"sqlite:///{folder}/h.sqlite"
+    backend = get_backend(backend_name)
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 19)).astype(np.float32)
+    g = GMM(4, 19, backend=backend_name)
+    for _ in range(3):
+        g.train(X, max_em_iters=3)  # explore, then warm
+    # in isolation, on a copy of that history (the train-call measurement below keeps its own)
+    selection.default_selector().flush()
+    iso = History(f"sqlite:///{folder}/isolated.sqlite")
+    iso.import_(_export(History(os.environ["ASP_GMM_DB"]), folder))
+    sel = HistorySelector(iso)
+    p = Problem(200, 19, 4)
+    cands = g._specializer.candidates(p)
+    assert sel.plan(backend, p, cands).reason == "history"
+    n = 20000
+    t = time.perf_counter()
+    for _ in range(n):
+        sel.plan(backend, p, cands)
+    plan_us = (time.perf_counter() - t) / n * 1e6
+    t = time.perf_counter()
+    for _ in range(n):
+        sel.record(backend, p, cands[0], "ok", 1e-4, 5e-5, 3)
+    sel.flush()  # the writes are part of the cost
+    record_us = (time.perf_counter() - t) / n * 1e6
+
+    def run(selector, n):
+        selection.set_default_selector(selector)
+        t = time.perf_counter()
+        for _ in range(n):
+            GMM(4, 19, backend=backend_name).train(X, max_em_iters=3)
+        return (time.perf_counter() - t) / n * 1e6
+
+    class Timed(HistorySelector):
+        """The default selector, timing its own plan and record inside real train calls."""
+        spent = 0.0
+
+        def plan(self, *a, **k):
+            t = time.perf_counter()
+            try:
+                return super().plan(*a, **k)
+            finally:
+                self.spent += time.perf_counter() - t
+
+        def record(self, *a, **k):
+            t = time.perf_counter()
+            try:
+                return super().record(*a, **k)
+            finally:
+                self.spent += time.perf_counter() - t
+
+    # blocks of calls alternate between the fixed rule and the history, so that a change of load
+    # on the machine falls on both; medians of the blocks are compared
+    block = max(calls // 20, 10)
+    rule, hist, timed = [], [], Timed()
+    try:
+        run(timed, block)  # warm-up, not counted
+        timed.spent = 0.0
+        for _ in range(max(calls // block, 1)):
+            rule.append(run(RuleSelector(), block))
+            hist.append(run(timed, block))
+        t = time.perf_counter()
+        timed.flush()
+        timed.spent += time.perf_counter() - t
+    finally:
+        selection.set_default_selector(None)
+    rule_us, hist_us = statistics.median(rule), statistics.median(hist)
+    inside_us = timed.spent / (block * len(hist)) * 1e6
+    rows = History(os.environ["ASP_GMM_DB"]).count()
+    res = dict(plan_us=plan_us, record_us=record_us, selection_us_per_train=inside_us, train_rule_us=rule_us,
+               train_history_us=hist_us, calls=calls, rows_after=rows)
+    log(f"selection overhead per train call on a warm history (plan + record + their share of the batched "
+        f"writes and refreshes, timed inside {block * len(hist)} real train calls): {inside_us:.1f} us")
+    log(f"in isolation: plan {plan_us:.1f} us, record {record_us:.1f} us (writes included); "
+        f"{calls} train calls each way (N=200, D=19, M=4, 3 iterations; median of blocks of {block}): "
+        f"{rule_us:.0f} us per call with the fixed rule, {hist_us:.0f} us with the history "
+        f"({hist_us - rule_us:+.0f} us); {rows} rows stored")
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--backend", default="c")
+    ap.add_argument("--grid", default=None, choices=sorted(GRIDS), help="cpu (default for c), gpu (default for cuda)")
+    ap.add_argument("--N", default=None, help="override the grid's N (comma-separated)")
+    ap.add_argument("--D", default=None)
+    ap.add_argument("--M", default=None)
+    ap.add_argument("--repeats", type=int, default=6, help="iterations per variant and problem (split in halves)")
+    ap.add_argument("--max-seconds", type=float, default=0.5, help="time cap per variant and problem (>= 2 runs)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--calls", type=int, default=2000, help="train calls in the overhead measurement")
+    ap.add_argument("--overhead-only", action="store_true")
+    ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
+    args = ap.parse_args(argv)
+
+    def log(msg):
+        print(msg, flush=True)
+
+    backend = get_backend(args.backend)
+    result = {"backend": args.backend, "device_id": backend.device_id, "fingerprint": backend.fingerprint()}
+    if not args.overhead_only:
+        g = dict(GRIDS[args.grid or ("gpu" if args.backend == "cuda" else "cpu")])
+        for k in ("N", "D", "M"):
+            if getattr(args, k):
+                g[k] = autotune.parse_grid(getattr(args, k))
+        problems = autotune.grid(g["N"], g["D"], g["M"])
+        log(f"{args.backend} {backend.fingerprint().get('model', '')}: {len(problems)} problems, "
+            f"N {g['N']}, D {g['D']}, M {g['M']}, full, float32")
+        t0 = time.time()
+        data = measure_grid(backend, problems, args.repeats, args.max_seconds, args.seed, log)
+        with tempfile.TemporaryDirectory(prefix="asp_gmm_bench_") as folder:
+            rows = evaluate(backend, data, folder, log)
+        summ = summarise(rows)
+        log("")
+        log(per_problem_table(rows))
+        log("")
+        log(report(rows, summ))
+        log(f"\nmeasured in {time.time() - t0:.0f} s")
+        result.update(grid=g, rows=rows, summary=summ)
+    result["overhead"] = overhead(args.backend, args.calls, log)
+    out = Path(args.out or Path(__file__).parent / "out" / f"selection_{args.backend}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    log(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
