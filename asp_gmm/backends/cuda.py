@@ -50,7 +50,8 @@ it atomically). A variant without ``[[launch]]`` tables is not offered by this b
 
 Expressions are evaluated like limits (asp_gmm.registry.evaluate) over N, D, M, cells, cvtype,
 dtype, ldn, the tunables and the device quantities of :meth:`CudaBackend.limit_context`
-(max_threads, smem_per_block, sm_count). After the launches, ``acc`` must hold every component's
+(max_threads, smem_per_block, smem_optin: the opt-in maximum, asked for automatically when a launch's
+``shared`` exceeds 48 KiB, sm_count). After the launches, ``acc`` must hold every component's
 sums (components with ``nk[c] == 0`` may hold anything finite). Limits (``[[limits]]``) exclude
 problems the mapping cannot run. The E-step is selected the same way from ``phase = "estep"``
 variants (signature ``(xt, means, prec, logc, resp, logp, stat, n, ldn)``; it writes ``resp``,
@@ -64,6 +65,7 @@ launch that caused them.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import math
 import os
@@ -86,7 +88,7 @@ NVCC_FLAGS = ["--cubin", "-O3", "--use_fast_math", "-std=c++17"]
 LDN_ALIGN = 256
 _INT_MAX = 2**31 - 1
 #: limit context used when no GPU is present (compile-only checks): an H100
-_DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "sm_count": 132}
+_DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "smem_optin": 232448, "sm_count": 132}
 
 
 # ---------------------------------------------------------------------------------------- pycuda
@@ -206,6 +208,39 @@ def launches(variant: registry.Variant) -> list:
     return [Launch.parse(t) for t in tables]
 
 
+def estep_variants(problem: Problem, ctx: dict | None = None) -> list:
+    """Every pluggable E-step variant that can run ``problem``, each with the first tunables its
+    limits allow: ``[(variant, tunables)]``."""
+    ctx = dict(_DEFAULT_LIMITS) if ctx is None else ctx
+    out = []
+    for v in registry.variants("cuda", "estep"):
+        if pluggable(v):
+            tun = next((t for t in v.tunable_space() if v.allows(problem, t, extra=ctx)), None)
+            if tun is not None:
+                out.append((v, tun))
+    return out
+
+
+def pick_estep(problem: Problem, ctx: dict | None = None, preference=None):
+    """(variant, tunables) of the E-step for ``problem``: ``$ASP_GMM_CUDA_ESTEP`` if set, else the first
+    pluggable E-step variant in ``preference`` order whose limits allow the problem, with the first
+    combination of its tunables they allow. Needs no GPU."""
+    ctx = dict(_DEFAULT_LIMITS) if ctx is None else ctx
+    preference = CudaBackend.estep_preference if preference is None else preference
+    pinned = os.environ.get("ASP_GMM_CUDA_ESTEP")
+    vs = [v for v in registry.variants("cuda", "estep") if pluggable(v)]
+    if pinned:
+        vs = [registry.get("cuda", pinned, "estep")]
+    else:
+        rank = {n: i for i, n in enumerate(preference)}
+        vs = sorted(vs, key=lambda v: rank.get(v.name, len(rank)))
+    for v in vs:
+        for tun in v.tunable_space():
+            if v.allows(problem, tun, extra=ctx):
+                return v, tun
+    raise KernelError(f"no CUDA E-step variant can run {problem}")
+
+
 @dataclass(eq=False)
 class _Module:
     """A loaded cubin: prepared functions with their launch descriptions."""
@@ -233,6 +268,8 @@ class _Device:
             "smem_per_block": self.dev.get_attribute(a.MAX_SHARED_MEMORY_PER_BLOCK),
             "sm_count": self.dev.get_attribute(a.MULTIPROCESSOR_COUNT),
         }
+        optin = getattr(a, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", None)
+        self.attrs["smem_optin"] = self.dev.get_attribute(optin) if optin is not None else self.attrs["smem_per_block"]
         cc = self.dev.compute_capability()
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self.name = self.dev.name()
@@ -285,6 +322,15 @@ class CudaBackend(Backend):
         self._modules: dict = {}
         self._kernels: dict = {}
         self._pool: dict = {}
+        atexit.register(self._free_pool)
+
+    def _free_pool(self):
+        """Free the idle device buffers (at exit, while the context still exists)."""
+        with self._lock:
+            for lst in self._pool.values():
+                while lst:
+                    with contextlib.suppress(Exception):
+                        lst.pop().free()
 
     @classmethod
     def unavailable_reason(cls):
@@ -361,23 +407,13 @@ class CudaBackend(Backend):
 
     def estep_variant(self, problem: Problem):
         """(variant, tunables) of the E-step for ``problem``."""
-        pinned = os.environ.get("ASP_GMM_CUDA_ESTEP")
-        vs = [v for v in registry.variants("cuda", "estep") if pluggable(v)]
-        if pinned:
-            vs = [registry.get("cuda", pinned, "estep")]
-        else:
-            rank = {n: i for i, n in enumerate(self.estep_preference)}
-            vs = sorted(vs, key=lambda v: rank.get(v.name, len(rank)))
-        ctx = self.limit_context()
-        for v in vs:
-            for tun in v.tunable_space():
-                if v.allows(problem, tun, extra=ctx):
-                    return v, tun
-        raise KernelError(f"no CUDA E-step variant can run {problem}")
+        return pick_estep(problem, self.limit_context(), self.estep_preference)
 
-    def estep(self, problem: Problem) -> _Module:
-        v, tun = self.estep_variant(problem)
-        return self._load(v, tun, problem, {"*": ESTEP_ARGS})
+    def estep(self, problem: Problem, variant=None, tunables=None) -> _Module:
+        """The loaded E-step module for ``problem`` (the preferred one unless ``variant`` is given)."""
+        if variant is None:
+            variant, tunables = self.estep_variant(problem)
+        return self._load(variant, tunables, problem, {"*": ESTEP_ARGS})
 
     def kernel(self, variant, tunables, problem: Problem) -> Kernel:
         tun = variant.default_tunables()
@@ -545,6 +581,10 @@ class CudaSession(Session):
         grid = tuple(grid)
         self._launched.append(f"{name} grid={grid} block={block}")
         try:
+            if shared > 48 * 1024 and getattr(fn, "_asp_dyn_smem", 0) < shared:
+                # more than 48 KiB of dynamic shared memory must be asked for per function
+                fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, int(shared))
+                fn._asp_dyn_smem = shared
             fn.prepared_async_call(grid, block, self.buf.stream, *args, shared_size=shared)
             if self._sync_each:
                 self.buf.stream.synchronize()
@@ -688,6 +728,7 @@ class CudaSession(Session):
             if self._stale:
                 self._run_estep()
             ll = self._ll
+            trace = [float(ll)]
             e = b.events
             while iters < max_iters:
                 self.drv.memcpy_dtod_async(b.backup, b.params, b.param_bytes, b.stream)
@@ -713,10 +754,11 @@ class CudaSession(Session):
                 iters += 1
                 change, ll = (new_ll - ll) / N, new_ll
                 self._ll = ll
+                trace.append(float(ll))
                 if iters >= min_iters and abs(change) < tol:
                     converged = True
                     break
-        return EMRun(float(ll), iters, converged, it_s, cov_s)
+        return EMRun(float(ll), iters, converged, it_s, cov_s, trace)
 
     def loglik(self) -> float:
         if self._stale:
