@@ -1,0 +1,340 @@
+"""GPU benchmark (issue 4): per-variant covariance time and per-EM-iteration time of the CUDA backend,
+full and diag, side by side with a PyTorch implementation of the same M-step and E-step (what users
+write today: scikit-learn's formulas ported to torch, one component at a time for full covariance)
+and with torchgmm 0.1.4 (the maintained PyTorch Lightning GMM library), in the same process.
+
+    python3 benchmarks/gpu.py [--shapes 150000x19x16,...] [--quick] [--json out.json]
+
+asp_gmm times come from the backend's CUDA events (EMRun.iter_seconds / cov_seconds, medians of the
+timed iterations after one warm-up iteration); "wall" is the host clock per iteration of the whole em()
+call (launches and the per-iteration scalar read-back included). PyTorch times are CUDA-event medians.
+torchgmm's per-iteration time is (fit(k2) - fit(k1)) / (k2 - k1) with the means given (no k-means),
+so its fixed costs (trainer set-up, initial pass) cancel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from asp_gmm import registry
+
+SHAPES = [(150_000, 19, 16), (153_600, 32, 32), (500_000, 36, 128), (1_000_000, 64, 64)]
+#: tunables swept per variant (the rest at their defaults)
+SWEEP = {"V3": [{"threads": 128}, {"threads": 256}, {"tile": 2}],
+         "V4": [{"blocks": 264}, {"blocks": 528}, {"blocks": 264, "tile": 2}, {"blocks": 528, "tile": 2},
+                {"blocks": 528, "tile": 2, "threads": 128}]}
+REG = 1e-6
+
+
+def blobs(rng, N, D, M):
+    centres = rng.normal(0.0, 3.0, (M, D))
+    lab = rng.integers(0, M, N)
+    X = centres[lab] + rng.standard_normal((N, D)) * rng.uniform(0.5, 1.5, (M, D))[lab]
+    return X.astype(np.float32)
+
+
+def init_params(rng, X, M, cvtype):
+    N, D = X.shape
+    means = X[rng.choice(N, M, replace=False)].astype(np.float64)
+    sub = X[rng.choice(N, min(N, 20000), replace=False)].astype(np.float64)
+    cov = np.cov(sub, rowvar=False) + 1e-3 * np.eye(D)
+    covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
+    return np.full(M, 1.0 / M), means, covars
+
+
+# ------------------------------------------------------------------------------------------ asp_gmm
+def bench_asp(X, params, cvtype, iters, log):
+    from asp_gmm.backends import cuda as cu
+    from asp_gmm.backends.cuda import CudaBackend
+    from asp_gmm.problem import Problem
+    N, D = X.shape
+    M = params[0].shape[0]
+    be = CudaBackend()
+    p = Problem(N, D, M, cvtype, "float32")
+    rows = []
+    s = be.open(X, p)
+    try:
+        # E-step alone (CUDA events), for every E-step variant that can run the problem
+        s.set_params(*params, REG)
+        e = s.buf.events
+        default = s.estep_mod
+        estep_times = {}
+        for v, tun in cu.estep_variants(p, be.limit_context()):
+            s.estep_mod = be.estep(p, v, tun)
+            times = []
+            with s.dev.active():
+                for _ in range(iters + 1):
+                    e[0].record(s.buf.stream)
+                    s._reset()
+                    s._estep_launch()
+                    e[1].record(s.buf.stream)
+                    s._read_stat()
+                    times.append(e[1].time_since(e[0]))
+            estep_times[v.name] = statistics.median(times[1:])
+        s.estep_mod = default
+        ev, etun = be.estep_variant(p)
+        estep_ms = estep_times[ev.name]
+        log(f"    E-step alone (ms): {estep_times}")
+        for v in be.covariance_variants(p):
+            for tun in SWEEP.get(v.name, [{}]):
+                k = None
+                try:
+                    k = be.kernel(v, tun, p)
+                    n_it = iters if v.name not in ("V1", "V2") or M * p.cells * N < 2e10 else 2
+                    s.set_params(*params, REG)
+                    s.em(k, 1, 1, 0.0, REG)                   # warm-up
+                    s.set_params(*params, REG)
+                    t0 = time.perf_counter()
+                    run = s.em(k, n_it, n_it, 0.0, REG)
+                    wall = (time.perf_counter() - t0) / max(run.iters, 1)
+                    rows.append(dict(variant=k.label, name=v.name, tunables=dict(k.tunables), cov_ms=1e3 * statistics.median(run.cov_seconds),
+                                     iter_ms=1e3 * statistics.median(run.iter_seconds), wall_ms=1e3 * wall,
+                                     estep_ms=estep_ms, estep=ev.name, estep_all=estep_times,
+                                     loglik=run.loglik))
+                except Exception as exc:  # noqa: BLE001 - a failing variant is reported, not fatal
+                    rows.append(dict(variant=(k.label if k else v.name), name=v.name, error=repr(exc)[:300]))
+                log(f"    asp {cvtype} {rows[-1]}")
+        # the best V1-V4 configuration's iteration with every other E-step variant too
+        paper = [r for r in rows if "error" not in r and r["name"] in ("V1", "V2", "V3", "V4")]
+        if paper:
+            best = min(paper, key=lambda r: r["iter_ms"])
+            best["iter_ms_by_estep"] = {ev.name: best["iter_ms"]}
+            v = registry.get("cuda", best["name"], "covariance")
+            tun = {k2: v2 for k2, v2 in best["tunables"].items()}
+            for v2, tun2 in cu.estep_variants(p, be.limit_context()):
+                if v2.name == ev.name:
+                    continue
+                s.estep_mod = be.estep(p, v2, tun2)
+                k = be.kernel(v, tun, p)
+                s.set_params(*params, REG)
+                s.em(k, 1, 1, 0.0, REG)
+                run = s.em(k, iters, iters, 0.0, REG)
+                best["iter_ms_by_estep"][v2.name] = 1e3 * statistics.median(run.iter_seconds)
+            s.estep_mod = default
+            log(f"    best V1-V4 {best['variant']} iteration by E-step (ms): {best['iter_ms_by_estep']}")
+    finally:
+        s.close()
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ PyTorch
+def torch_impl(torch):
+    """The M-step and E-step as people write them in PyTorch (scikit-learn's formulas)."""
+    LOG2PI = float(np.log(2 * np.pi))
+
+    def prec_chol(cov, cvtype):
+        if cvtype == "full":
+            L = torch.linalg.cholesky(cov)
+            eye = torch.eye(cov.shape[-1], device=cov.device, dtype=cov.dtype).expand_as(cov)
+            U = torch.linalg.solve_triangular(L, eye, upper=False).transpose(-1, -2)
+            return U, -torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+        p = torch.rsqrt(cov)
+        return p, torch.log(p).sum(-1)
+
+    def estep(X, w, mu, U, logdet, cvtype):
+        N, D = X.shape
+        M = mu.shape[0]
+        if cvtype == "full":
+            lp = torch.empty(N, M, device=X.device, dtype=X.dtype)
+            for k in range(M):
+                y = X @ U[k] - mu[k] @ U[k]
+                lp[:, k] = (y * y).sum(1)
+        else:
+            prec = U * U
+            lp = (mu * mu * prec).sum(1) - 2.0 * X @ (mu * prec).T + (X * X) @ prec.T
+        lp = -0.5 * (D * LOG2PI + lp) + logdet + torch.log(w)
+        ll = torch.logsumexp(lp, dim=1)
+        return torch.exp(lp - ll[:, None]), ll.sum()
+
+    def mstep_means(X, resp):
+        nk = resp.sum(0) + 10 * torch.finfo(resp.dtype).eps
+        return nk, (resp.T @ X) / nk[:, None]
+
+    def covariance(X, resp, nk, mu, cvtype):
+        D = X.shape[1]
+        if cvtype == "full":
+            cov = torch.empty(mu.shape[0], D, D, device=X.device, dtype=X.dtype)
+            for k in range(mu.shape[0]):
+                diff = X - mu[k]
+                cov[k] = (resp[:, k, None] * diff).T @ diff / nk[k]
+                cov[k].diagonal().add_(REG)
+            return cov
+        avg_x2 = (resp.T @ (X * X)) / nk[:, None]
+        avg_xm = mu * ((resp.T @ X) / nk[:, None])
+        return avg_x2 - 2 * avg_xm + mu * mu + REG
+
+    return prec_chol, estep, mstep_means, covariance
+
+
+def bench_torch(torch, X, params, cvtype, iters):
+    prec_chol, estep, mstep_means, covariance = torch_impl(torch)
+    dev = torch.device("cuda")
+    Xt = torch.as_tensor(X, device=dev)
+    w, mu, cov = (torch.as_tensor(a, device=dev, dtype=torch.float32) for a in params)
+    U, logdet = prec_chol(cov, cvtype)
+    resp, _ = estep(Xt, w, mu, U, logdet, cvtype)
+
+    def timed(fn):
+        out = []
+        for _ in range(iters + 1):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            out.append(a.elapsed_time(b))
+        return statistics.median(out[1:])
+
+    nk, mu1 = mstep_means(Xt, resp)
+    cov_ms = timed(lambda: covariance(Xt, resp, nk, mu1, cvtype))
+    estep_ms = timed(lambda: estep(Xt, w, mu, U, logdet, cvtype))
+
+    state = {"resp": resp}
+
+    def iteration():
+        r = state["resp"]
+        nk, m = mstep_means(Xt, r)
+        c = covariance(Xt, r, nk, m, cvtype)
+        u, ld = prec_chol(c, cvtype)
+        state["resp"], ll = estep(Xt, nk / nk.sum(), m, u, ld, cvtype)
+        ll.item()   # the scalar a convergence test needs, as in asp_gmm
+    iter_ms = timed(iteration)
+    del Xt, resp, state
+    torch.cuda.empty_cache()
+    return dict(cov_ms=cov_ms, estep_ms=estep_ms, iter_ms=iter_ms)
+
+
+def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
+    try:
+        from torchgmm.bayes import GaussianMixture
+    except Exception as exc:  # noqa: BLE001
+        return dict(error=f"torchgmm not importable: {exc!r}"[:200])
+    import logging
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    Xt = torch.as_tensor(X, device="cuda")
+    means = torch.as_tensor(params[1], dtype=torch.float32)
+    M = means.shape[0]
+
+    def fit(k):
+        gm = GaussianMixture(M, covariance_type=cvtype, init_means=means.clone(), convergence_tolerance=0.0,
+                             trainer_params=dict(accelerator="gpu", devices=1, max_epochs=k, logger=False,
+                                                 enable_progress_bar=False, enable_checkpointing=False,
+                                                 enable_model_summary=False))
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            gm.fit(Xt)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, gm.num_iter_
+    try:
+        fit(1)  # warm-up (CUDA/Lightning initialisation)
+        t1, n1 = fit(k1)
+        t2, n2 = fit(k2)
+        t1b, _ = fit(k1)
+        t2b, _ = fit(k2)
+        per = (min(t2, t2b) - min(t1, t1b)) / max(n2 - n1, 1)
+        return dict(iter_ms=1e3 * per, iters=(n1, n2))
+    except Exception as exc:  # noqa: BLE001
+        return dict(error=repr(exc)[:300])
+    finally:
+        del Xt
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------ main
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES))
+    ap.add_argument("--cvtypes", default="full,diag")
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--no-torchgmm", action="store_true")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench.json"))
+    a = ap.parse_args(argv)
+    shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
+
+    def log(msg):
+        print(msg, flush=True)
+
+    try:
+        import torch
+        have_torch = torch.cuda.is_available()
+    except ImportError:
+        torch, have_torch = None, False
+    from asp_gmm.backends.cuda import CudaBackend
+    be = CudaBackend()
+    fp = be.fingerprint()
+    log(f"device: {fp['model']} ({fp['arch']}, {fp['sm_count']} SMs), nvcc: {fp['compiler'][:80]}")
+    results = []
+    rng = np.random.default_rng(2026)
+    for (N, D, M) in shapes:
+        X = blobs(rng, N, D, M)
+        for cvtype in a.cvtypes.split(","):
+            params = init_params(rng, X, M, cvtype)
+            log(f"== N={N} D={D} M={M} {cvtype}")
+            rec = dict(N=N, D=D, M=M, cvtype=cvtype)
+            rec["asp"] = bench_asp(X, params, cvtype, a.iters, log)
+            if have_torch:
+                rec["torch"] = bench_torch(torch, X, params, cvtype, a.iters)
+                log(f"    torch {rec['torch']}")
+                if not a.no_torchgmm and (cvtype == "full" or (N, D, M) == (153_600, 32, 32)):
+                    rec["torchgmm"] = bench_torchgmm(torch, X, params, cvtype, log)
+                    log(f"    torchgmm {rec['torchgmm']}")
+            results.append(rec)
+            with open(a.json, "w") as f:
+                json.dump(dict(device=fp, results=results), f, indent=1)
+    print_table(results)
+    return results
+
+
+def print_table(results):
+    print("\nms per step (CUDA events, medians). 'best cov': fastest V1-V4 covariance; E own/fast: E-step alone with "
+          "the issue-4 kernel (estep) / issue 5's estep_fast; 'it ownE'/'it fast': whole EM iteration of the best V1-V4 "
+          "configuration with each E-step; wall: host clock per iteration; tgmm: torchgmm 0.1.4 per iteration")
+    hdr = (f"{'N':>8} {'D':>3} {'M':>4} {'cv':<4} | {'V1 cov':>8} {'V2 cov':>8} {'V3 cov':>8} {'V4 cov':>8} "
+           f"| {'best cov':>8} {'E own':>6} {'E fast':>6} {'it ownE':>7} {'it fast':>7} {'wall':>7} "
+           f"| {'torch cov':>9} {'E':>6} {'iter':>7} | {'tgmm it':>8} | best V1-V4")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        ok = [x for x in r["asp"] if "error" not in x]
+        by = {}
+        for x in ok:
+            if x["name"] not in by or x["cov_ms"] < by[x["name"]]["cov_ms"]:
+                by[x["name"]] = x
+        paper = [x for x in ok if x["name"] in ("V1", "V2", "V3", "V4")]
+        best = min(paper, key=lambda x: x["iter_ms"]) if paper else {}
+        bestcov = min((x["cov_ms"] for x in paper), default=float("nan"))
+        t = r.get("torch", {})
+        tg = r.get("torchgmm", {})
+        es = best.get("estep_all", {})
+        ie = best.get("iter_ms_by_estep", {})
+
+        def f(v, w=8):
+            return f"{v:>{w}.2f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+        cells = " ".join(f(by.get(n, {}).get("cov_ms")) for n in ("V1", "V2", "V3", "V4"))
+        print(f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | {cells} | {f(bestcov)} "
+              f"{f(es.get('estep'), 6)} {f(es.get('estep_fast'), 6)} {f(ie.get('estep'), 7)} "
+              f"{f(ie.get('estep_fast'), 7)} {f(best.get('wall_ms'), 7)} | "
+              f"{f(t.get('cov_ms'), 9)} {f(t.get('estep_ms'), 6)} {f(t.get('iter_ms'), 7)} | "
+              f"{f(tg.get('iter_ms'))} | {best.get('variant', '-')}")
+    errs = [(r["N"], r["D"], r["M"], r["cvtype"], x["variant"], x["error"]) for r in results for x in r["asp"]
+            if "error" in x]
+    for e in errs:
+        print("ERROR", *e)
+    extra = [x for r in results for x in r["asp"] if "error" not in x and x["name"] not in ("V1", "V2", "V3", "V4")]
+    if extra:
+        print("other variants:", "; ".join(f"{x['variant']} cov {x['cov_ms']:.2f} iter {x['iter_ms']:.2f}"
+                                           for x in extra))
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

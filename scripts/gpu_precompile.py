@@ -1,0 +1,84 @@
+"""Compile, in parallel and into the compile cache ($ASP_GMM_CACHE_DIR), every CUDA binary that the
+GPU tests and benchmarks/gpu.py will load, so that a lent GPU's time is not spent in nvcc. Runs without
+a GPU (nvcc only): build here, carry the cache folder to the GPU machine; there it finds every entry
+(same nvcc version and architecture) and compiles only what is missing.
+
+    python3 scripts/gpu_precompile.py [--arch sm_90] [--jobs N]
+"""
+import argparse
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+
+from asp_gmm import registry  # noqa: E402
+from asp_gmm.backends import cuda as cu  # noqa: E402
+from asp_gmm.problem import Problem  # noqa: E402
+
+TEST_CLASSES = [  # (D, M, cvtypes, dtype) used by tests/test_cuda_gpu.py
+    (7, 3, ("full", "diag"), "float32"), (1, 4, ("full", "diag"), "float32"), (13, 1, ("full", "diag"), "float32"),
+    (19, 16, ("full", "diag"), "float32"), (33, 5, ("full", "diag"), "float32"), (9, 4, ("full", "diag"), "float64"),
+    (5, 3, ("full", "diag"), "float32"), (71, 3, ("full",), "float32"), (6, 4, ("full", "diag"), "float32"),
+    (3, 2, ("full",), "float32"), (4, 2, ("full",), "float32"), (64, 2, ("full", "diag"), "float32"),
+    (1, 1, ("full",), "float32"), (71, 2, ("full",), "float32"),
+]
+
+
+TUNED = [("V3", {"tile": 2}), ("V3", {"threads": 512}), ("V4", {"tile": 2}), ("V4", {"tile": 2, "threads": 128}),
+         ("V4", {"blocks": 528, "tile": 2}), ("V4", {"blocks": 132, "threads": 128})]   # test_tunables_match_reference
+
+
+def jobs():
+    import gpu as bench
+    out = {}
+    classes = [(D, M, cv, dt) for D, M, cvs, dt in TEST_CLASSES for cv in cvs]
+    bench_classes = [(D, M, cv, "float32") for (_, D, M) in bench.SHAPES for cv in ("full", "diag")]
+    ctx = dict(cu._DEFAULT_LIMITS)
+    for D, M, cv, dt in classes + bench_classes:
+        p = Problem(1000, D, M, cv, dt)
+        core = registry.get("cuda", "core", "core")
+        out[(core.key, D, M, cv, dt, ())] = (core, {}, p)
+        for ev, etun in cu.estep_variants(p, ctx):
+            out[(ev.key, D, M, cv, dt, tuple(sorted(etun.items())))] = (ev, etun, p)
+        for v in registry.variants("cuda", "covariance"):
+            if not cu.pluggable(v) or not v.allows(p, extra=ctx):
+                continue
+            sweeps = [{}] + (bench.SWEEP.get(v.name, []) if (D, M, cv, dt) in bench_classes else [])
+            if cv == "full" and dt == "float32":
+                sweeps += [t for name, t in TUNED if name == v.name]
+            for tun in sweeps:
+                t = v.default_tunables()
+                t.update(tun)
+                out[(v.key, D, M, cv, dt, tuple(sorted(t.items())))] = (v, t, p)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    a = ap.parse_args()
+    todo = jobs()
+    t0 = time.time()
+    before = cu.cache.CompileStats.compiles
+
+    def one(item):
+        v, t, p = item
+        try:
+            cu.compile_variant(v, t, p, a.arch)
+            return None
+        except Exception as exc:  # noqa: BLE001
+            return f"{v.key} {t} D={p.D} M={p.M} {p.cvtype} {p.dtype}: {exc}"
+    with ThreadPoolExecutor(max_workers=a.jobs) as ex:
+        errors = [e for e in ex.map(one, todo.values()) if e]
+    print(f"precompile: {len(todo)} binaries, {cu.cache.CompileStats.compiles - before} compiled, "
+          f"{len(errors)} failed, {time.time() - t0:.1f} s, cache {cu.cache.cache_dir()}")
+    for e in errors:
+        print("FAILED", e[:2000])
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
