@@ -37,7 +37,10 @@ def _compare(g, ll, r, dtype):
     np.testing.assert_allclose(g.covars, r["covars"], rtol=tol["rtol"], atol=tol["atol"] * s)
     np.testing.assert_allclose(g.means, r["means"], rtol=tol["rtol"], atol=tol["atol"] * _scale(r["means"]))
     np.testing.assert_allclose(g.weights, r["weights"], rtol=tol["rtol"], atol=tol["atol"])
-    assert ll == pytest.approx(r["loglik"], rel=tol["rtol"] * (10 if dtype == "float32" else 1))
+    # a total over few events can nearly cancel: allow rounding per event as well as relative
+    N = r["logprob"].shape[0]
+    assert ll == pytest.approx(r["loglik"], rel=tol["rtol"] * (10 if dtype == "float32" else 1),
+                               abs=tol["atol"] * N)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
