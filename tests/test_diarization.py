@@ -135,6 +135,20 @@ def test_features_shape_rate_and_speech_detection():
     assert not features.compute_features(noise, 16000).speech.any()
 
 
+def test_load_audio_mixes_stereo_down(tmp_path):
+    left = np.linspace(-0.5, 0.5, 22050, dtype=np.float32)
+    p = tmp_path / "st.flac"
+    sf.write(str(p), np.stack([left, np.zeros_like(left)], axis=1), 22050)
+    x, sr = features.load_audio(p)
+    assert sr == 22050 and x.ndim == 1 and np.allclose(x, left / 2, atol=1e-4)
+    # threaded decoding of a long file gives the same samples as one read
+    long = np.tile(left, 70)
+    sf.write(str(p), long, 22050, subtype="PCM_16")
+    a, _ = features.load_audio(p, n_jobs=1)
+    b, _ = features.load_audio(p, n_jobs=3)
+    assert np.array_equal(a, b)
+
+
 # ---------------------------------------------------------------------------- the adapter
 def test_sklearn_adapter_api_and_bic_sign():
     rng = np.random.default_rng(0)
@@ -188,6 +202,7 @@ def meeting():
 
 def _diarize_frames(meeting, backend, **kw):
     f, ref = meeting
+    kw.setdefault("n_jobs", 2)  # the threaded path must give the serial result (checked below)
     p = cluster.ClusterParams(**kw)
     c = cluster.Clusterer(f.mfcc[f.speech], cluster.Backend(backend), p)
     c.run()
@@ -207,6 +222,16 @@ def test_clustering_finds_the_four_speakers(meeting, backend):
     assert n == 4, f"{backend}: {n} speakers, history {c.history}"
     assert d < 0.10, f"{backend}: DER {d:.3f}"
     assert c.prof.rounds >= 1 and c.prof.calls["bic"] > 0  # stopped by BIC, not by a lack of clusters
+
+
+def test_threads_do_not_change_the_result(meeting):
+    f, _ = meeting
+    X = f.mfcc[f.speech][:4000]
+    out = []
+    for jobs in (1, 3):
+        c = cluster.Clusterer(X, cluster.Backend("sklearn"), cluster.ClusterParams(n_init=6, n_jobs=jobs))
+        out.append((c.run().tolist(), c.history))
+    assert out[0] == out[1]
 
 
 @pytest.mark.skipif(not _has_asp_gmm(), reason="asp_gmm not importable (full covariance on "
@@ -271,7 +296,8 @@ def test_silence_and_missing_reference_fail_cleanly(tmp_path):
 
 def test_command_on_bundled_meeting(tmp_path):
     out, png = tmp_path / "hyp.rttm", tmp_path / "t.png"
-    r = _run(MEETING, "--rttm", out, "--ref", MEETING_RTTM, "--backend", "sklearn", "--plot", png)
+    # the README/Makefile command: the best backend present (scikit-learn without asp_gmm)
+    r = _run(MEETING, "--rttm", out, "--ref", MEETING_RTTM, "--plot", png)
     assert r.returncode == 0, r.stderr
     assert "speakers found: 4" in r.stdout
     der = float(r.stdout.split("DER:")[1].split("%")[0])

@@ -81,6 +81,8 @@ class Backend:
                                        "install it (pip install -e .) or use --backend sklearn") from None
             self._GMM, self._bic = GMM, compute_distance_BIC
             self._kw = {"backend": name}
+            if name == "auto":  # report the implementation that auto picked
+                self.name = f"auto:{GMM(1, 1, backend='auto').backend}"
 
     def GMM(self, *a, **kw):
         return self._GMM(*a, **kw, **self._kw)

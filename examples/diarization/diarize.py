@@ -67,6 +67,9 @@ def build_parser():
                     help="join same-speaker segments separated by a pause shorter than this (s)")
     g2.add_argument("--vad-threshold", type=float, default=0.35,
                     help="speech threshold between noise floor (0) and speech level (1)")
+    ap.add_argument("--jobs", type=int, default=0,
+                    help="threads for independent GMM calls (clusters, BIC pairs); 0: one per CPU "
+                         "core on CPU backends (then asp_gmm runs each call on one thread), 1 on CUDA")
     ap.add_argument("--seed", type=int, default=0, help="seed passed to every GMM")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every merge round")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -118,6 +121,20 @@ def check_audio_file(path, seg_len):
                                f"than one voting segment ({seg_len / FRAME_RATE:.2f} s)")
 
 
+def default_jobs(backend_name: str) -> int:
+    """One thread per core on the CPU backends; CUDA calls stay on the main thread."""
+    if backend_name == "cuda":
+        return 1
+    if backend_name == "auto":
+        try:
+            import pycuda.driver  # noqa: F401  (auto takes CUDA where pycuda and a GPU exist)
+            return 1
+        except Exception:
+            pass
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, n))
+
+
 def resolve_backend(name: str) -> str:
     if name != "auto":
         return name
@@ -135,7 +152,8 @@ def params_from_args(args):
                          seg_loops_init=args.seg_loops_init, seg_loops=args.seg_loops,
                          reg_covar=args.reg_covar, vote=args.vote,
                          frames_per_component=args.frames_per_component,
-                         max_model_components=args.max_model_components)
+                         max_model_components=args.max_model_components,
+                         n_jobs=max(1, args.jobs))
 
 
 def diarize(audio_path, args, log=print):
@@ -148,6 +166,12 @@ def diarize(audio_path, args, log=print):
     params = params_from_args(args)
     backend_name = resolve_backend(args.backend)
     check_audio_file(audio_path, params.seg_len)
+    if args.jobs == 0:
+        params.n_jobs = default_jobs(backend_name)
+    if params.n_jobs > 1 and backend_name != "sklearn":
+        # Parallel over clusters and pairs, so each asp_gmm call should use one thread (its
+        # documented setting; read once, before the first call).
+        os.environ.setdefault("ASP_GMM_NUM_THREADS", "1")
     t0 = time.perf_counter()
     warm_up_features()
     t_warm = time.perf_counter() - t0
@@ -226,7 +250,7 @@ def _main(args) -> int:
     t = r["times"]
     c = r["clusterer"].prof
     print(f"{audio.name}: {r['duration']:.1f} s of audio, {r['speech_seconds']:.1f} s of speech, "
-          f"backend {r['backend']}")
+          f"backend {r['backend']}, {r['clusterer'].p.n_jobs} thread(s)")
     print(f"speakers found: {r['n_speakers']}")
     print(f"processing time: {t['total']:.3f} s (read {t['load']:.3f}, features {t['features']:.3f}, "
           f"clustering {t['clustering']:.3f} [train {c.seconds['train']:.3f}, score "
