@@ -16,6 +16,17 @@ Meetings (benchmarks/out is git-ignored):
 On a machine without flite (the GPU host), either carry benchmarks/out/*.flac there or let
 --minutes loop the bundled meeting. Every run prints one table row per (meeting, backend) and the
 speed-up of each backend over scikit-learn on the same audio.
+
+The 1-hour measurement on the lent H100 (carry .gpu; nothing else is needed, the bundled meeting
+is looped 30 times with fresh noise on every copy, 4 speakers):
+
+    source .gpu/device-env.sh && python3 benchmarks/diarization.py --minutes 60 --backend cuda,c
+
+Columns: time = reading the audio to the speaker labels (library imports and asp_gmm's one-time
+compilation happen before the clock, as in diarize.py); read, feat(ures); E-step = scoring all
+frames under every cluster model (resegmentation); train = retraining the clusters; BIC = training
+the merged model of every pair; py = everything else (votes, gathering frames, output). With
+--jobs > 1 the GMM columns are wall time of concurrent calls.
 """
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ def build_parser():
                     help="speech threshold between noise floor (0) and speech level (1)")
     ap.add_argument("--jobs", type=int, default=0,
                     help="threads for independent GMM calls (clusters, BIC pairs); 0: one per CPU "
-                         "core on CPU backends (then asp_gmm runs each call on one thread), 1 on CUDA")
+                         "core on asp_gmm's CPU backends (each call then runs on one thread), "
+                         "1 on CUDA and scikit-learn")
     ap.add_argument("--seed", type=int, default=0, help="seed passed to every GMM")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every merge round")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -122,8 +123,10 @@ def check_audio_file(path, seg_len):
 
 
 def default_jobs(backend_name: str) -> int:
-    """One thread per core on the CPU backends; CUDA calls stay on the main thread."""
-    if backend_name == "cuda":
+    """One thread per core on asp_gmm's CPU backends; CUDA calls stay on the main thread, and so
+    do scikit-learn's (it holds the GIL in Python code and threads its BLAS itself: a pool made
+    it 3-7x slower on 2 cores)."""
+    if backend_name in ("cuda", "sklearn"):
         return 1
     if backend_name == "auto":
         try:
