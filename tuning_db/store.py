@@ -186,7 +186,7 @@ class History:
         self.batch_rows, self.flush_interval, self.refresh_interval = batch_rows, flush_interval, refresh_interval
         self._lock = threading.RLock()
         self._pending: list = []
-        self._last_flush = 0.0
+        self._last_flush = time.monotonic()  # a batch starts when the history is opened
         self._views: dict = {}
         self._variant_ids: dict = {}
         self._known_devices: set = set()
