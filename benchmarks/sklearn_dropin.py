@@ -6,12 +6,13 @@ same data, same initial parameters, same tol and max_iter.
     python benchmarks/sklearn_dropin.py --sizes 150000x19x16 --cvtypes diag --sk-blas-threads 1
 
 Data: N events from a mixture of M anisotropic, correlated Gaussians in D dimensions (float64, fixed
-seed). Initial parameters: asp_gmm's k-means initialisation (on a subsample, see
+seed; overlapping clusters, ``--spread``). Initial parameters: asp_gmm's k-means initialisation (on a subsample, see
 asp_gmm.sklearn_api.KMEANS_SUBSAMPLE), passed to both as weights_init/means_init/precisions_init, so
 both run the same EM from the same point; the time of that initialisation is reported separately
 (``init s``), and with ``--time-sklearn-init`` also scikit-learn's own k-means on all events.
 asp_gmm's compile time is excluded (a warm-up fit on a slice compiles or loads the variants first) and
-reported on its own line. ``--dtype float32`` runs asp_gmm in float32 on the same float64 data.
+reported on its own line; so is the autotuner's one-time exploration of untried variants on this
+problem class (``tune s``; ``ASP_GMM_AUTOTUNE=0`` skips it and uses the fixed rule instead). ``--dtype float32`` runs asp_gmm in float32 on the same float64 data.
 
 Printed: a Markdown table (iterations, converged, seconds, seconds per iteration, lower bound of each,
 their relative difference, speed-up) and, with ``--json PATH``, the rows as JSON.
@@ -29,9 +30,9 @@ import warnings
 import numpy as np
 
 
-def make_data(N, D, M, seed=0):
+def make_data(N, D, M, seed=0, spread=1.0):
     rng = np.random.default_rng(seed)
-    centres = rng.normal(0.0, 4.0, (M, D))
+    centres = rng.normal(0.0, spread, (M, D))
     scales = rng.uniform(0.5, 1.5, (M, D))
     lab = rng.integers(0, M, N)
     X = centres[lab] + rng.standard_normal((N, D)) * scales[lab]
@@ -55,11 +56,40 @@ def _blas_limit(threads):
     return threadpool_limits(limits=threads, user_api="blas")
 
 
+def _say(msg):
+    print(f"  [{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _tune(X, M, cvtype, dtype, args):
+    """Untimed: let the autotuner try every untried variant on this problem class (one EM iteration
+    each, recorded in the tuning history) so that the timed fit runs the variant the history picks,
+    as every later fit on this device does. Returns the seconds spent."""
+    from asp_gmm import GaussianMixture, selection
+    from asp_gmm.problem import Problem
+    from asp_gmm.specializer import Specializer
+    if not selection.autotune_enabled():
+        return 0.0
+    spec = Specializer(args.backend)
+    prob = Problem(X.shape[0], X.shape[1], M, cvtype, np.dtype(dtype or X.dtype).name)
+    t = time.perf_counter()
+    for _ in range(3):
+        plan = spec.selector.plan(spec.backend, prob, spec.candidates(prob))
+        if not plan.explore:
+            break
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            GaussianMixture(M, covariance_type=cvtype, max_iter=len(plan.explore) + 1, tol=0.0,
+                            random_state=0, backend=args.backend, dtype=dtype).fit(X)
+    spent = time.perf_counter() - t
+    _say(f"tuning {spent:.1f} s (plan: {plan.primary.label}, {plan.reason})")
+    return spent
+
+
 def run_case(N, D, M, cvtype, args):
     from sklearn.mixture import GaussianMixture as SkGM
     from asp_gmm import GaussianMixture
 
-    X = make_data(N, D, M)
+    X = make_data(N, D, M, spread=args.spread)
     common = dict(covariance_type=cvtype, tol=args.tol, max_iter=args.max_iter, reg_covar=1e-6)
     dtype = None if args.dtype == "float64" else args.dtype
 
@@ -70,20 +100,25 @@ def run_case(N, D, M, cvtype, args):
         GaussianMixture(M, max_iter=2, random_state=0, backend=args.backend, dtype=dtype,
                         covariance_type=cvtype).fit(X[: max(20 * M, 2000)])
     compile_s = time.perf_counter() - t
+    _say(f"{N}x{D}x{M} {cvtype}: warm-up {compile_s:.1f} s")
+
+    tune_s = _tune(X, M, cvtype, dtype, args) if cvtype in ("full", "diag") else 0.0
 
     t = time.perf_counter()
     g0 = GaussianMixture(M, covariance_type=cvtype, max_iter=0, random_state=0, backend=args.backend).fit(X)
     init_s = time.perf_counter() - t
     init = dict(weights_init=g0.weights_, means_init=g0.means_, precisions_init=g0.precisions_)
+    _say(f"init {init_s:.1f} s")
 
     row = dict(N=N, D=D, M=M, cvtype=cvtype, backend=args.backend, dtype=args.dtype,
-               compile_s=compile_s, init_s=init_s)
+               compile_s=compile_s, tune_s=tune_s, init_s=init_s)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = time.perf_counter()
         ours = GaussianMixture(M, backend=args.backend, dtype=dtype, **common, **init).fit(X)
         row["asp_s"] = time.perf_counter() - t
     row.update(asp_iters=ours.n_iter_, asp_conv=bool(ours.converged_), asp_lb=ours.lower_bound_)
+    _say(f"asp_gmm {row['asp_s']:.1f} s, {ours.n_iter_} iterations")
 
     if args.time_sklearn_init:
         with _blas_limit(args.sk_blas_threads), warnings.catch_warnings():
@@ -128,6 +163,9 @@ def main(argv=None):
     p.add_argument("--dtype", default="float64", choices=["float64", "float32"],
                    help="asp_gmm's working precision (scikit-learn always gets the float64 data)")
     p.add_argument("--max-iter", type=int, default=100)
+    p.add_argument("--spread", type=float, default=1.0,
+                   help="standard deviation of the true centres (unit-scale clusters): smaller "
+                        "overlaps more and takes EM more iterations (default: %(default)s)")
     p.add_argument("--tol", type=float, default=1e-3)
     p.add_argument("--sk-blas-threads", type=int, default=None,
                    help="limit scikit-learn's BLAS threads (default: the library's own choice)")
@@ -152,9 +190,8 @@ def main(argv=None):
             print(json.dumps(r), flush=True)
     print(f"# load after: {os.getloadavg()}")
     print(fmt_table(rows))
-    if any("compile_s" in r for r in rows):
-        print("\ncompile/warm-up s: " + ", ".join(f"{r['N']}x{r['D']}x{r['M']} {r['cvtype']}: {r['compile_s']:.2f}"
-                                                  for r in rows))
+    print("\ncompile/warm-up s, tuning s: " + ", ".join(
+        f"{r['N']}x{r['D']}x{r['M']} {r['cvtype']}: {r['compile_s']:.2f}, {r['tune_s']:.2f}" for r in rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -328,3 +328,17 @@ def test_hard_label_statistics_equal_sklearn_formulas(rng):
         want = sklearn_api._estimate_params(X, np.eye(5)[labels], 1e-6, cvtype)
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("cvtype", ["diag", "spherical"])
+def test_verbose_output_like_sklearn(cvtype, rng, capsys):
+    X = make_blobs(rng, 400, 2, 2)
+    kw = dict(covariance_type=cvtype, random_state=0, verbose=2, verbose_interval=1, n_init=2)
+    SkGM(2, **kw).fit(X)
+    ref = capsys.readouterr().out.splitlines()
+    GaussianMixture(2, **kw).fit(X)
+    ours = capsys.readouterr().out.splitlines()
+
+    def shape(lines):  # the lines' kinds and counts (times differ)
+        return [ln.split("\t")[0].split(".")[0] for ln in lines]
+    assert shape(ours) == shape(ref)
