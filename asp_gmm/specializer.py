@@ -68,13 +68,24 @@ class Specializer:
     def __init__(self, backend="auto", selector: selection.Selector | None = None):
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self._selector = selector
+        self._candidates: dict = {}
 
     @property
     def selector(self) -> selection.Selector:
         return self._selector or selection.default_selector()
 
     def candidates(self, problem: Problem, variant: str | None = None) -> list:
-        """Configurations (variant + default tunables) whose limits allow ``problem``."""
+        """Configurations (variant + default tunables) whose limits allow ``problem`` (memoised per
+        problem: the diarization example asks thousands of times for a handful of shapes)."""
+        key = (problem, variant)
+        hit = self._candidates.get(key)
+        if hit is None:
+            if len(self._candidates) > 4096:
+                self._candidates.clear()
+            hit = self._candidates[key] = self._find_candidates(problem, variant)
+        return list(hit)
+
+    def _find_candidates(self, problem: Problem, variant: str | None) -> list:
         if variant is not None:
             from . import registry
             try:
@@ -128,7 +139,7 @@ class Specializer:
             if iters < max_iters and not converged:
                 primary = plan.primary
                 kernel = self._kernel(primary, problem, sel, reraise=variant is not None)
-                fallbacks = [c for c in self.candidates(problem, variant) if c != primary]
+                fallbacks = [c for c in self.candidates(problem, variant) if c != primary] if kernel is None else []
                 while kernel is None and fallbacks:
                     primary = fallbacks.pop(0)
                     kernel = self._kernel(primary, problem, sel)
