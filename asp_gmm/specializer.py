@@ -9,6 +9,7 @@ It never validates user input (the Face does) and never touches the tuning histo
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import statistics
 import time
@@ -137,22 +138,35 @@ class Specializer:
                     sel.record(self.backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
                 converged = iters >= min_iters and abs(run.loglik - before) / N < tol
             if iters < max_iters and not converged:
-                primary = plan.primary
-                kernel = self._kernel(primary, problem, sel, reraise=variant is not None)
-                fallbacks = [c for c in self.candidates(problem, variant) if c != primary] if kernel is None else []
-                while kernel is None and fallbacks:
-                    primary = fallbacks.pop(0)
-                    kernel = self._kernel(primary, problem, sel)
-                if kernel is None:
-                    raise KernelError("every candidate variant failed to compile; see the warnings above")
-                run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
-                iters += run.iters
-                trace.extend(run.loglik_trace[1 if trace else 0:])
-                converged = run.converged
-                used = primary
-                if tuning and run.iters:
-                    sel.record(self.backend, problem, primary, "ok", statistics.median(run.iter_seconds),
-                               statistics.median(run.cov_seconds), run.iters)
+                # the planned configuration, then the other candidates should it fail to compile or
+                # to run (each failure is recorded and never retried for its source)
+                order = itertools.chain([plan.primary], (c for c in self.candidates(problem, variant)
+                                                        if c != plan.primary))
+                last_exc = None
+                for cfg in order:
+                    kernel = self._kernel(cfg, problem, sel, reraise=variant is not None)
+                    if kernel is None:
+                        continue
+                    try:
+                        run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
+                    except KernelError as exc:
+                        sel.record(self.backend, problem, cfg, "launch-failed")
+                        if variant is not None:
+                            raise
+                        log.warning("asp_gmm: variant %s failed at run time (%s); trying another", cfg.label, exc)
+                        last_exc = exc
+                        continue
+                    iters += run.iters
+                    trace.extend(run.loglik_trace[1 if trace else 0:])
+                    converged = run.converged
+                    used = cfg
+                    if tuning and run.iters:
+                        sel.record(self.backend, problem, cfg, "ok", statistics.median(run.iter_seconds),
+                                   statistics.median(run.cov_seconds), run.iters)
+                    break
+                else:
+                    raise KernelError("every candidate variant failed to compile or run; see the "
+                                      "warnings above") from last_exc
             loglik = session.loglik()
             if not trace:
                 trace = [loglik]

@@ -265,3 +265,33 @@ def test_cache_key_changes_with_source(tmp_path, monkeypatch):
     b = cache.build("int f(void){return 2;}\n", ".so", cmd, ["k"], "t")
     c = cache.build("int f(void){return 1;}\n", ".so", cmd, ["k"], "t")
     assert a != b and a == c
+
+
+def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
+    """A variant that fails while running is recorded as launch-failed and another one finishes the
+    call with the same result."""
+    from asp_gmm import selection
+    from asp_gmm.backends import c as cbackend
+    from asp_gmm.errors import KernelError
+
+    recorded = []
+
+    class Spy(selection.RuleSelector):
+        def record(self, backend, problem, config, status, *a, **k):
+            recorded.append((config.variant.name, status))
+
+    real_em = cbackend.CSession.em
+
+    def em(self, kernel, *a, **k):
+        if kernel.variant.name == "V4":
+            raise KernelError("simulated launch failure")
+        return real_em(self, kernel, *a, **k)
+
+    monkeypatch.setattr(cbackend.CSession, "em", em)
+    monkeypatch.setattr(selection, "_default", Spy())
+    X = make_blobs(rng, 1000, 4, 3)
+    g = GMM(3, 4, backend="c", dtype=np.float64, seed=0)
+    ll = g.train(X, max_em_iters=3, tol=0)
+    assert ("V4", "launch-failed") in recorded and g.last_variant != "V4"
+    ref_g = GMM(3, 4, backend="numpy", dtype=np.float64, seed=0)
+    assert ll == pytest.approx(ref_g.train(X, max_em_iters=3, tol=0), rel=1e-10)
