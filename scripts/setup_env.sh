@@ -21,7 +21,13 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp="$venv/.asp_gmm-installed-$(cat "$here/setup.cfg" "$here/pyproject.toml" | sha256sum | cut -c1-16)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
-    "$venv/bin/python" -m pip install -q --upgrade pip setuptools wheel
-    "$venv/bin/python" -m pip install -q -e "$here${extras:+[$extras]}"
+    log="$venv/install.log"
+    echo "setting up $venv (log: $log) ..."
+    if ! { "$venv/bin/python" -m pip install --upgrade pip setuptools wheel &&
+           "$venv/bin/python" -m pip install -e "$here${extras:+[$extras]}"; } >"$log" 2>&1; then
+        tail -30 "$log" >&2
+        echo "installing the package into $venv failed; the whole log is $log" >&2
+        exit 1
+    fi
     touch "$stamp"
 fi
