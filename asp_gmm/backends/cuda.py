@@ -18,8 +18,8 @@ Device data layout (one session = one data set; ``real`` is float or double, the
                               component of the last factorisation (INT_MAX when none)
     params (w64, mu64, cov64 [M][D][D] or [M][D], logdet) in double, backed up before each M-step.
 
-One EM iteration (a handful of launches on one stream, one 16-byte read back):
-``reset -> moments -> means -> covariance variant -> factor -> E-step``, then the host reads
+One EM iteration (five launches on one stream, one 16-byte read back):
+``moments -> means -> covariance variant -> factor -> E-step``, then the host reads
 ``stat`` (the log-likelihood scalar and the bad-component word). A failed factorisation restores the
 parameters of the previous iteration (device-to-device copy) and raises
 :class:`~asp_gmm.errors.NotPositiveDefiniteError`.
@@ -403,7 +403,16 @@ class CudaBackend(Backend):
 
     def core(self, problem: Problem) -> _Module:
         v = registry.get("cuda", "core", "core")
-        return self._load(v, None, problem, _CORE_SIGNATURES)
+        mod = self._load(v, None, problem, _CORE_SIGNATURES)
+        if getattr(mod, "mom_threads", None) is None:
+            # the moments kernel's block size is chosen by its template (exported, never re-derived)
+            dev = self.device
+            with dev.active():
+                ptr, _ = mod.module.get_global("asp_moments_geometry")
+                geo = np.zeros(2, np.int32)
+                dev.drv.memcpy_dtoh(geo, ptr)
+            mod.mom_threads = int(geo[0])
+        return mod
 
     def estep_variant(self, problem: Problem):
         """(variant, tunables) of the E-step for ``problem``."""
@@ -455,8 +464,8 @@ class CudaBackend(Backend):
 _CORE_SIGNATURES = {
     "asp_transpose": "PPii",
     "asp_reset": "P",
-    "asp_moments": "PPPii",
-    "asp_means": "PiPPP",
+    "asp_moments": "PPPiiPPi",
+    "asp_means": "PiPPPPPi",
     "asp_factor": "PPPPPPPPPdi",
 }
 
@@ -485,6 +494,7 @@ class _Buffers:
             off[name] = rbase + rs * nr
             nr += size
         self.param_bytes = rbase + rs * nr
+        self.param_vec = -(-self.param_bytes // 16)   # 16-byte words copied by asp_moments to the backup
         self.sizes = {"w64": M, "mu64": M * D, "cov64": M * covcells, "mu": M * D}
         core = registry.get("cuda", "core", "core")
         self.mom_blocks = int(core.default_tunables()["mom_blocks"])
@@ -494,8 +504,8 @@ class _Buffers:
                 self.xt = alloc(max(D * ldn * rs, 16))
                 self.resp = alloc(max(M * ldn * rs, 16))
                 self.logp = alloc(ldn * rs)
-                self.params = alloc(self.param_bytes)
-                self.backup = alloc(self.param_bytes)
+                self.params = alloc(16 * self.param_vec)
+                self.backup = alloc(16 * self.param_vec)
                 self.nk = alloc(8 * M)
                 self.part = alloc(8 * self.mom_blocks * M * (D + 1))
                 self.acc = alloc(8 * M * cells)
@@ -562,6 +572,8 @@ class CudaSession(Session):
         self._closed = False
         self._stale = True
         self._launched = []
+        self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
+        self.phase_seconds = []
         self._sync_each = os.environ.get("ASP_GMM_CUDA_SYNC", "0") not in ("", "0")
         ident = _reusable(X)
         src = self.buf.source
@@ -647,31 +659,50 @@ class CudaSession(Session):
                "d": lambda: np.int32(p.D), "m": lambda: np.int32(p.M)}
         return [val[a]() for a in names]
 
+    def _plan(self, mod: _Module, default_args: tuple, scratch_bytes: bool = False):
+        """(scratch bytes, [(kernel, function, grid, block, shared, argument names)]) of a variant's
+        launches for this session's problem, evaluated once: the manifests' expressions are long and
+        the host must keep ahead of the GPU at small sizes."""
+        plan = self._plans.get(mod)
+        if plan is None:
+            env = dict(self._env)
+            env.update(mod.tunables)
+            nbytes = int(registry.evaluate(mod.scratch, env)) if scratch_bytes else 0
+            confs = [(spec.kernel, fn) + spec.config(env) + (spec.args or default_args,) for spec, fn in mod.funcs]
+            plan = self._plans[mod] = (nbytes, confs)
+        return plan
+
+    def _run_plan(self, confs, scratch=None):
+        key = (id(confs), int(scratch) if scratch is not None else 0)
+        calls = self._calls.get(key)
+        if calls is None:
+            calls = self._calls[key] = [(k, fn, g, bl, tuple(self._args(names, scratch)), sh)
+                                        for k, fn, g, bl, sh, names in confs]
+        for k, fn, g, bl, args, sh in calls:
+            self._launch(k, fn, g, bl, *args, shared=sh)
+
     def _estep_launch(self):
-        env = dict(self._env)
-        env.update(self.estep_mod.tunables)
-        for spec, fn in self.estep_mod.funcs:
-            grid, block, shared = spec.config(env)
-            self._launch(spec.kernel, fn, grid, block, *self._args(spec.args or ESTEP_ARGS), shared=shared)
+        self._run_plan(self._plan(self.estep_mod, ESTEP_ARGS)[1])
 
-    def _means(self):
-        b, M, D = self.buf, self.problem.M, self.problem.D
-        self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, 1), (256, 1, 1),
-                     int(b.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn))
-        self._launch("asp_means", self._fn["asp_means"], (-(-(M * (D + 1)) // 256), 1), (256, 1, 1),
-                     int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"))
+    def _means(self, zero_cells: int = 0):
+        """Moments and means of the M-step (two launches). Also: the parameters are backed up (for
+        the undo of a failed step), the status is cleared (as asp_reset) and, with ``zero_cells``, the
+        first zero_cells acc cells of every component are zeroed (for variants with zero_acc)."""
+        b, M = self.buf, self.problem.M
+        self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, 1), (self.core.mom_threads, 1, 1),
+                     int(b.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn),
+                     int(b.params), int(b.backup), np.int32(b.param_vec))
+        self._launch("asp_means", self._fn["asp_means"], (M, 1), (256, 1, 1),
+                     int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"),
+                     int(b.stat), int(b.acc), np.int32(zero_cells))
 
-    def _covariance(self, mod: _Module):
+    def _covariance(self, mod: _Module, zeroed: bool = False):
         b = self.buf
-        env = dict(self._env)
-        env.update(mod.tunables)
-        scratch = b.ensure_scratch(int(registry.evaluate(mod.scratch, env)))
-        if mod.zero_acc:
+        nbytes, confs = self._plan(mod, COV_ARGS, scratch_bytes=True)
+        scratch = b.ensure_scratch(nbytes)
+        if mod.zero_acc and not zeroed:
             self.drv.memset_d32_async(b.acc, 0, 2 * self.problem.M * self.problem.cells, b.stream)
-        for spec, fn in mod.funcs:
-            grid, block, shared = spec.config(env)
-            self._launch(spec.kernel, fn, grid, block, *self._args(spec.args or COV_ARGS, scratch),
-                         shared=shared)
+        self._run_plan(confs, scratch)
 
     def _run_estep(self):
         self._reset()
@@ -724,6 +755,7 @@ class CudaSession(Session):
         b, N = self.buf, self.problem.N
         it_s, cov_s = [], []
         iters, converged = 0, False
+        self.phase_seconds = []
         with self.dev.active():
             if self._stale:
                 self._run_estep()
@@ -731,12 +763,12 @@ class CudaSession(Session):
             trace = [float(ll)]
             e = b.events
             while iters < max_iters:
-                self.drv.memcpy_dtod_async(b.backup, b.params, b.param_bytes, b.stream)
+                # 5 launches: moments (+ parameter backup), means (+ status reset, acc zeroing),
+                # covariance variant, factor, E-step; then the 16-byte status read
                 e[0].record(b.stream)
-                self._reset()
-                self._means()
+                self._means(self.problem.cells if mod.zero_acc else 0)
                 e[1].record(b.stream)
-                self._covariance(mod)
+                self._covariance(mod, zeroed=True)
                 e[2].record(b.stream)
                 self._factor(reg_covar, 1)
                 self._estep_launch()
@@ -751,6 +783,8 @@ class CudaSession(Session):
                 self._check_ll(new_ll)
                 it_s.append(e[3].time_since(e[0]) * 1e-3)
                 cov_s.append(e[2].time_since(e[1]) * 1e-3)
+                # (moments + means, covariance, factor + E-step) of each iteration: benchmarks/gpu.py
+                self.phase_seconds.append((e[1].time_since(e[0]) * 1e-3, cov_s[-1], e[3].time_since(e[2]) * 1e-3))
                 iters += 1
                 change, ll = (new_ll - ll) / N, new_ll
                 self._ll = ll
