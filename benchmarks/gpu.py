@@ -124,6 +124,75 @@ def bench_asp(X, params, cvtype, iters, log):
     return rows
 
 
+PEAK_FLOPS, PEAK_BW = 51e12, 3e12   # H100 fp32 SGEMM and device copy (shared/gpu/README.md)
+
+
+def bench_iteration(X, params, cvtype, iters, log, variant="V5"):
+    """What GMM(..., backend="cuda").train runs per EM iteration: the covariance variant ``variant`` with
+    its default tunables and the backend's default E-step. CUDA-event medians over ``iters`` iterations of
+    one em() call (whole iteration and its phases: moments + means, covariance, factor + E-step), the
+    E-step alone, host wall per iteration of em(), and GMM.train's wall per iteration as the difference
+    of two train() calls (k1, k2 iterations: upload, selection and the first E-step cancel)."""
+    from asp_gmm import GMM
+    from asp_gmm.backends.cuda import CudaBackend
+    from asp_gmm.problem import Problem
+    N, D = X.shape
+    M = params[0].shape[0]
+    be = CudaBackend()
+    p = Problem(N, D, M, cvtype, "float32")
+    v = registry.get("cuda", variant, "covariance")
+    out = dict(variant=variant, estep=be.estep_variant(p)[0].name)
+    s = be.open(X, p)
+    try:
+        k = be.kernel(v, {}, p)
+        out["variant"] = k.label
+        s.set_params(*params, REG)
+        e = s.buf.events
+        times = []
+        with s.dev.active():
+            for _ in range(iters + 1):
+                e[0].record(s.buf.stream)
+                s._reset()
+                s._estep_launch()
+                e[1].record(s.buf.stream)
+                s._read_stat()
+                times.append(e[1].time_since(e[0]))
+        out["estep_ms"] = statistics.median(times[1:])
+        s.em(k, 1, 1, 0.0, REG)                              # warm-up
+        s.set_params(*params, REG)
+        t0 = time.perf_counter()
+        run = s.em(k, iters, iters, 0.0, REG)
+        out["em_wall_ms"] = 1e3 * (time.perf_counter() - t0) / max(run.iters, 1)
+        out["iter_ms"] = 1e3 * statistics.median(run.iter_seconds)
+        ph = list(zip(*s.phase_seconds))
+        out["sums_ms"], out["cov_ms"], out["fe_ms"] = (1e3 * statistics.median(x) for x in ph)
+        out["loglik"] = run.loglik
+    finally:
+        s.close()
+    Xr = X.copy()
+    Xr.setflags(write=False)                                # read-only: the session reuses the upload
+
+    def train(k):
+        g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype, dtype=np.float32,
+                backend="cuda", variant=variant)
+        t0 = time.perf_counter()
+        g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
+        return time.perf_counter() - t0, g.n_iter
+    train(2)
+    k1, k2 = 3, 3 + 4 * iters
+    (t1, n1), (t2, n2) = train(k1), train(k2)
+    out["train_wall_ms"] = 1e3 * (t2 - t1) / max(n2 - n1, 1)
+    # fractions of the H100's peaks: covariance flops (full: the lower triangle), bytes of the sums
+    cells = D * (D + 1) // 2 if cvtype == "full" else D
+    out["cov_frac"] = (2.0 * N * M * cells / PEAK_FLOPS if cvtype == "full" else 4.0 * N * (M + D) / PEAK_BW) \
+        / (1e-3 * out["cov_ms"])
+    out["sums_bw"] = 4.0 * N * (M + D) / (1e-3 * out["sums_ms"]) / PEAK_BW
+    out["estep_frac"] = (N * M * D * D * 2.0 / PEAK_FLOPS if cvtype == "full" else 4.0 * N * (2 * M + D) / PEAK_BW) \
+        / (1e-3 * out["estep_ms"])
+    log(f"    iteration {cvtype} {out}")
+    return out
+
+
 # ------------------------------------------------------------------------------------------ PyTorch
 def torch_impl(torch):
     """The M-step and E-step as people write them in PyTorch (scikit-learn's formulas)."""
@@ -257,6 +326,9 @@ def main(argv=None):
     ap.add_argument("--cvtypes", default="full,diag")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--no-torchgmm", action="store_true")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch and torchgmm columns")
+    ap.add_argument("--iteration-only", action="store_true",
+                    help="only the per-EM-iteration table (V5 + default E-step, what train() runs), no V1-V4 sweep")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench.json"))
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
@@ -281,8 +353,13 @@ def main(argv=None):
             params = init_params(rng, X, M, cvtype)
             log(f"== N={N} D={D} M={M} {cvtype}")
             rec = dict(N=N, D=D, M=M, cvtype=cvtype)
-            rec["asp"] = bench_asp(X, params, cvtype, a.iters, log)
-            if have_torch:
+            rec["asp"] = [] if a.iteration_only else bench_asp(X, params, cvtype, a.iters, log)
+            try:
+                rec["iteration"] = bench_iteration(X, params, cvtype, max(a.iters, 10), log)
+            except Exception as exc:  # noqa: BLE001 - reported in the table, not fatal
+                rec["iteration"] = dict(error=repr(exc)[:300])
+                log(f"    iteration ERROR {rec['iteration']}")
+            if have_torch and not a.no_torch:
                 rec["torch"] = bench_torch(torch, X, params, cvtype, a.iters)
                 log(f"    torch {rec['torch']}")
                 if not a.no_torchgmm and (cvtype == "full" or (N, D, M) == (153_600, 32, 32)):
@@ -334,6 +411,39 @@ def print_table(results):
     if extra:
         print("other variants:", "; ".join(f"{x['variant']} cov {x['cov_ms']:.2f} iter {x['iter_ms']:.2f}"
                                            for x in extra))
+    print_iteration_table(results)
+
+
+def print_iteration_table(results):
+    """The last table (scripts/gpu_check.sh prints from its first line on)."""
+    print("\nper-EM-iteration through the backend (what GMM(..., backend='cuda').train runs: V5 + default E-step), "
+          "ms, CUDA-event medians; sums = moments + means launches; F+E = factor + E-step; em wall / train wall: "
+          "host clock per iteration of Session.em / of GMM.train (difference of two train() calls); cov%: full: "
+          "fraction of 51 TFLOP/s (lower triangle), diag: of 3 TB/s; sums BW: fraction of 3 TB/s; E%: full: "
+          "of the N*M*D^2 FMA floor at 51 TFLOP/s, diag: of 3 TB/s (x + resp written twice)")
+    hdr = (f"{'N':>8} {'D':>3} {'M':>4} {'cv':<4} | {'iter':>7} {'sums':>6} {'cov':>7} {'F+E':>7} {'E alone':>7} "
+           f"{'em wall':>7} {'trn wall':>8} | {'cov%':>5} {'sumsBW':>6} {'E%':>5} | {'torch it':>8} {'tgmm it':>8} "
+           f"{'x torch':>7} | variant / E-step")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in results:
+        it = r.get("iteration", {})
+        t, tg = r.get("torch", {}), r.get("torchgmm", {})
+
+        def f(v, w=7, d=3):
+            return f"{v:>{w}.{d}f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+
+        def pc(v):
+            return f"{100 * v:>4.0f}%" if isinstance(v, (int, float)) else f"{'-':>5}"
+        if "error" in it:
+            print(f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | ERROR {it['error']}")
+            continue
+        speed = t.get("iter_ms") / it["iter_ms"] if t.get("iter_ms") and it.get("iter_ms") else None
+        print(f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | {f(it.get('iter_ms'))} "
+              f"{f(it.get('sums_ms'), 6)} {f(it.get('cov_ms'))} {f(it.get('fe_ms'))} {f(it.get('estep_ms'))} "
+              f"{f(it.get('em_wall_ms'))} {f(it.get('train_wall_ms'), 8)} | {pc(it.get('cov_frac'))} "
+              f"{pc(it.get('sums_bw')):>6} {pc(it.get('estep_frac'))} | {f(t.get('iter_ms'), 8, 2)} "
+              f"{f(tg.get('iter_ms'), 8, 1)} {f(speed, 7, 1)} | {it.get('variant', '-')} / {it.get('estep', '-')}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,10 @@ TEST_CLASSES = [  # (D, M, cvtypes, dtype) used by tests/test_cuda_gpu.py
 ]
 
 
+V5_GPU = [  # tests/test_cuda_v5.py on a GPU: (D, M) of GPU_SHAPES x the tunables it loads
+    (D, M, cv, t) for D, M in ((7, 3), (1, 4), (19, 16), (36, 5), (6, 2))
+    for cv, t in (("full", {}), ("full", {"tile": 4}), ("full", {"events": 16}), ("diag", {}))]
+
 TUNED = [("V3", {"tile": 2}), ("V3", {"threads": 512}), ("V4", {"tile": 2}), ("V4", {"tile": 2, "threads": 128}),
          ("V4", {"blocks": 528, "tile": 2}), ("V4", {"blocks": 132, "threads": 128})]   # test_tunables_match_reference
 
@@ -71,6 +75,13 @@ def main():
             return None
         except Exception as exc:  # noqa: BLE001
             return f"{v.key} {t} D={p.D} M={p.M} {p.cvtype} {p.dtype}: {exc}"
+    for D, M, cv, t in V5_GPU:
+        p = Problem(0, D, M, cv, "float32")
+        for name, tun in (("V5", t), ("estep_fast", {})):
+            v = registry.get("cuda", name)
+            full = v.default_tunables()
+            full.update(tun)
+            todo[(v.key, D, M, cv, "float32", tuple(sorted(full.items())))] = (v, full, p)
     with ThreadPoolExecutor(max_workers=a.jobs) as ex:
         errors = [e for e in ex.map(one, todo.values()) if e]
     print(f"precompile: {len(todo)} binaries, {cu.cache.CompileStats.compiles - before} compiled, "
