@@ -103,11 +103,8 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
     CompileError
         With the command, the compiler output and the path of the rendered source.
     """
-    key = digest(source, __version__, *key_parts)
-    folder = cache_dir() / key[:2]
+    folder, stem, binary, meta, src_path = _entry(source, suffix, key_parts, name, source_suffix)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"{(name or 'kernel').replace('/', '_')}-{key[:24]}"
-    binary, meta, src_path = folder / (stem + suffix), folder / (stem + ".json"), folder / (stem + source_suffix)
     if _valid(binary, meta):
         CompileStats.hits += 1
         return binary
@@ -136,6 +133,20 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
                                        "version": __version__, "name": name}, indent=1))
         CompileStats.compiles += 1
     return binary
+
+
+def _entry(source, suffix, key_parts, name, source_suffix):
+    key = digest(source, __version__, *key_parts)
+    folder = cache_dir() / key[:2]
+    stem = f"{(name or 'kernel').replace('/', '_')}-{key[:24]}"
+    return folder, stem, folder / (stem + suffix), folder / (stem + ".json"), folder / (stem + source_suffix)
+
+
+def lookup(source: str, suffix: str, key_parts, name: str = "", source_suffix: str = ".c"):
+    """Path of the cached binary for these arguments (as :func:`build` takes them), or ``None``
+    when it would have to be compiled."""
+    _, _, binary, meta, _ = _entry(source, suffix, key_parts, name, source_suffix)
+    return binary if _valid(binary, meta) else None
 
 
 def _valid(binary: Path, meta: Path) -> bool:

@@ -25,6 +25,15 @@ from .selection import Config
 
 log = logging.getLogger("asp_gmm")
 
+#: Problems with fewer multiply-adds per EM iteration (about N * M * D^2) than this never trigger a
+#: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
+#: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
+EXPLORE_COMPILE_WORK = 1e9
+
+
+def _work(problem: Problem) -> float:
+    return float(problem.N) * problem.M * (problem.D + 1) ** 2
+
 
 @dataclass
 class TrainResult:
@@ -112,6 +121,10 @@ class Specializer:
         tuning = selection.autotune_enabled()
         plan = sel.plan(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None)
         explore = list(plan.explore) if tuning else []
+        if explore and self.backend.shape_specific_binaries and _work(problem) < EXPLORE_COMPILE_WORK:
+            # a compile (seconds) costs more than a small problem can ever win back: explore only
+            # what is already compiled for this shape; larger problems and `asp-gmm tune` fill in
+            explore = [c for c in explore if self.backend.is_ready(c.variant, c.params, problem)]
         session = self.backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)

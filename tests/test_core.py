@@ -295,3 +295,28 @@ def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
     assert ("V4", "launch-failed") in recorded and g.last_variant != "V4"
     ref_g = GMM(3, 4, backend="numpy", dtype=np.float64, seed=0)
     assert ll == pytest.approx(ref_g.train(X, max_em_iters=3, tol=0), rel=1e-10)
+
+
+def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
+    """On a backend whose binaries are specific to (D, M), a small problem explores only variants that
+    are already compiled for its shape; a large one explores them all."""
+    from asp_gmm import selection, specializer
+    from asp_gmm.selection import Config, Plan
+
+    backend = get_backend("c")
+    cands = {v.name: Config.of(v) for v in backend.covariance_variants()}
+
+    class Explorer(selection.RuleSelector):
+        def plan(self, backend, problem, candidates, pinned=False):
+            return Plan(cands["V4"], [cands["V1"], cands["V2"]], "test")
+
+    monkeypatch.setattr(selection, "_default", Explorer())
+    monkeypatch.setattr(type(backend), "shape_specific_binaries", True)
+    monkeypatch.setattr(type(backend), "is_ready", lambda self, v, t, p: v.name != "V1")
+    X = make_blobs(rng, 500, 3, 2)
+    g = GMM(2, 3, backend="c", dtype=np.float64, seed=0)
+    g.train(X, max_em_iters=4, tol=0)
+    assert g.last_train.explored == ["V2"]
+    monkeypatch.setattr(specializer, "EXPLORE_COMPILE_WORK", 0)
+    g.train(X, max_em_iters=4, tol=0)
+    assert [e.split("(")[0] for e in g.last_train.explored] == ["V1", "V2"]

@@ -105,6 +105,8 @@ class Backend(abc.ABC):
     """A runtime: where kernels are compiled and sessions run."""
 
     name: str = ""
+    #: True when a binary is specific to (D, M) (CUDA), so a new problem shape means compiling.
+    shape_specific_binaries: bool = False
 
     @classmethod
     @abc.abstractmethod
@@ -134,6 +136,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def kernel(self, variant: registry.Variant, tunables: dict | None, problem: Problem) -> Kernel:
         """Compile (or fetch from the cache) ``variant`` for ``problem``'s class."""
+
+    def is_ready(self, variant: registry.Variant, tunables: dict | None, problem: Problem) -> bool:
+        """Whether :meth:`kernel` would return without compiling (loaded, or in the disk cache)."""
+        return True
 
     @abc.abstractmethod
     def open(self, X: np.ndarray, problem: Problem) -> Session:

@@ -114,8 +114,7 @@ class CBackend(Backend):
                 "cond_limit": COND_LIMIT[problem.dtype]}
 
     def _build(self, source: str, name: str):
-        cc = _compiler()
-        key = [cache.tool_version(cc), " ".join(FLAGS), _cpu()["model"], ",".join(_cpu()["isa"]), sys.platform]
+        cc, key = self._build_args()
         path = cache.build(source, ".so", lambda src, out: cc + FLAGS + ["-o", out, src, "-lm"], key, name)
         try:
             return ffi.dlopen(str(path)), str(path)
@@ -160,6 +159,21 @@ class CBackend(Backend):
                     k = Kernel(variant, tun, handle=(lib, ffi.cast("void *", lib.asp_covariance)), binary=path)
                 self._kernels[key] = k
         return k
+
+    def _build_args(self):
+        cc = _compiler()
+        key = [cache.tool_version(cc), " ".join(FLAGS), _cpu()["model"], ",".join(_cpu()["isa"]), sys.platform]
+        return cc, key
+
+    def is_ready(self, variant, tunables, problem: Problem) -> bool:
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
+        if key in self._kernels or not variant.template:
+            return True
+        src = registry.render(variant, tun, _class_problem(problem), **self._context(problem))
+        label = Kernel(variant, tun).label
+        return cache.lookup(src, ".so", self._build_args()[1], f"c-{label}-{problem.cvtype}-{problem.dtype}") is not None
 
     def open(self, X, problem: Problem) -> "CSession":
         return CSession(self, X, problem)

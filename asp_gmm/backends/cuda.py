@@ -307,6 +307,7 @@ class CudaBackend(Backend):
     """NVIDIA GPU through pycuda; kernels rendered from ``variants/cuda`` and compiled with nvcc."""
 
     name = "cuda"
+    shape_specific_binaries = True
     #: rule order when nothing has been measured (V4 fills the GPU for any M; V3 only for M >= SMs)
     preference = ["V5", "V4", "V3", "V2", "V1"]
     #: E-step variants in order of preference (the first one whose limits allow the problem)
@@ -423,6 +424,27 @@ class CudaBackend(Backend):
         if variant is None:
             variant, tunables = self.estep_variant(problem)
         return self._load(variant, tunables, problem, {"*": ESTEP_ARGS})
+
+    def is_ready(self, variant, tunables, problem: Problem) -> bool:
+        """True when this variant, the EM core and the E-step for the problem's class are loaded or
+        their cubins are cached (sources depend on D and M here, so a new M means compiling)."""
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.D, problem.M,
+               problem.cvtype, problem.dtype)
+        if key in self._modules:
+            return True
+        arch = self.device.arch
+        cmd = nvcc_command()
+        keyparts = [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
+        ev, et = self.estep_variant(problem)
+        for v, t in ((variant, tun), (registry.get("cuda", "core", "core"), None), (ev, et)):
+            t2 = v.default_tunables()
+            t2.update(t or {})
+            src = render_source(v, t2, problem)
+            if cache.lookup(src, ".cubin", keyparts, _binary_name(v, t2, problem), source_suffix=".cu") is None:
+                return False
+        return True
 
     def kernel(self, variant, tunables, problem: Problem) -> Kernel:
         tun = variant.default_tunables()
