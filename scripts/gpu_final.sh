@@ -13,12 +13,12 @@ steps=${*:-diarization sklearn selection}
 for step in $steps; do
   case $step in
     diarization)
-      timeout 330 python3 benchmarks/diarization.py --minutes 60 --backend cuda --repeat 2 2>&1 | tee "$OUT/diarization.log" | tail -25 ;;
+      timeout 300 python3 benchmarks/diarization.py --minutes 60 --backend cuda --repeat 2 2>&1 | tee "$OUT/diarization.log" | tail -25 ;;
     sklearn)
       for s in "--sizes 150000x19x16" "--sizes 500000x36x128 --cvtypes full" "--sizes 500000x36x128 --cvtypes diag"; do
         timeout 200 python3 benchmarks/sklearn_dropin.py --backend cuda $s 2>&1 | tee -a "$OUT/sklearn.log" | tail -6
       done ;;
     selection)
-      timeout 400 python3 benchmarks/selection.py --backend cuda --grid gpu --max-seconds 0.5 --out "$OUT/selection_cuda.json" 2>&1 | tee "$OUT/selection.log" | tail -25 ;;
+      timeout 240 python3 benchmarks/selection.py --backend cuda --N 10000,100000,500000 --D 2,12,36 --M 1,16,128 --max-seconds 0.5 --out "$OUT/selection_cuda.json" 2>&1 | tee "$OUT/selection.log" | tail -25 ;;
   esac
 done
