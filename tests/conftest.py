@@ -28,3 +28,13 @@ def make_blobs(rng, N, D, M, offset=0.0, dtype=np.float64):
     if D > 1:  # correlate the dimensions
         X = X @ (np.eye(D) + 0.3 * rng.standard_normal((D, D)) / np.sqrt(D))
     return (X + offset).astype(dtype)
+
+
+def init_params(rng, X, M, cvtype):
+    """Initial parameters: distinct events as means, the data covariance, random weights."""
+    N, D = X.shape
+    means = X[rng.choice(N, M, replace=False)].astype(np.float64)
+    cov = np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True)) + 1e-3 * np.eye(D)
+    covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
+    w = rng.uniform(0.5, 1.5, M)
+    return w / w.sum(), means, covars

@@ -13,7 +13,7 @@ from asp_gmm import GMM, registry
 from asp_gmm import reference as ref
 from asp_gmm.errors import KernelError, NotPositiveDefiniteError
 from asp_gmm.problem import Problem
-from conftest import make_blobs
+from conftest import init_params as _init, make_blobs
 
 cuda_mod = pytest.importorskip("asp_gmm.backends.cuda")
 REASON = cuda_mod.CudaBackend.unavailable_reason()
@@ -28,15 +28,6 @@ SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N not a multiple of any block size
     (20_011, 33, 5),
 ]
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-9)}
-
-
-def _init(rng, X, M, cvtype):
-    N, D = X.shape
-    means = X[rng.choice(N, M, replace=False)].astype(np.float64)
-    cov = np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True)) + 1e-3 * np.eye(D)
-    covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
-    w = rng.uniform(0.5, 1.5, M)
-    return w / w.sum(), means, covars
 
 
 def _compare(g, ll, r, dtype):

@@ -4,7 +4,7 @@ import pytest
 
 from asp_gmm import GMM, registry
 from asp_gmm import reference as ref
-from conftest import make_blobs
+from conftest import init_params as _init, make_blobs
 
 CPU_VARIANTS = [v.name for v in registry.variants("c", "covariance")]
 SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N smaller than a tile, N not a multiple of a tile
@@ -15,16 +15,6 @@ SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N smaller than a tile, N not a mul
     (4099, 19, 16),
 ]
 TOL = {"float32": dict(rtol=1e-4, atol=1e-4), "float64": dict(rtol=1e-10, atol=1e-10)}
-
-
-def _init(rng, X, M, cvtype):
-    """Initial parameters: distinct events as means, the data covariance, random weights."""
-    N, D = X.shape
-    means = X[rng.choice(N, M, replace=False)].astype(np.float64)
-    cov = np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True)) + 1e-3 * np.eye(D)
-    covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
-    w = rng.uniform(0.5, 1.5, M)
-    return w / w.sum(), means, covars
 
 
 def _scale(a):

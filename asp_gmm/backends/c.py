@@ -24,7 +24,7 @@ import cffi
 import numpy as np
 
 from .. import cache, registry
-from ..errors import CompileError, KernelError, NotPositiveDefiniteError
+from ..errors import KernelError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, EMRun, Kernel, Session
 
