@@ -43,6 +43,12 @@ class Problem:
         return self.D * (self.D + 1) // 2 if self.cvtype == "full" else self.D
 
     @property
+    def work(self) -> float:
+        """Approximate multiply-adds of one EM iteration, N * M * (D + 1)^2: the size measure that
+        thread counts and exploration thresholds compare against."""
+        return float(self.N) * self.M * (self.D + 1) ** 2
+
+    @property
     def np_dtype(self):
         return np.dtype(self.dtype)
 

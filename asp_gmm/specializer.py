@@ -31,10 +31,6 @@ log = logging.getLogger("asp_gmm")
 EXPLORE_COMPILE_WORK = 1e9
 
 
-def _work(problem: Problem) -> float:
-    return float(problem.N) * problem.M * (problem.D + 1) ** 2
-
-
 @dataclass
 class TrainResult:
     """Outcome of :meth:`Specializer.train`.
@@ -121,7 +117,7 @@ class Specializer:
         tuning = selection.autotune_enabled()
         plan = sel.plan(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None)
         explore = list(plan.explore) if tuning else []
-        if explore and self.backend.shape_specific_binaries and _work(problem) < EXPLORE_COMPILE_WORK:
+        if explore and self.backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
             # a compile (seconds) costs more than a small problem can ever win back: explore only
             # what is already compiled for this shape; larger problems and `asp-gmm tune` fill in
             explore = [c for c in explore if self.backend.is_ready(c.variant, c.params, problem)]

@@ -115,13 +115,14 @@ class CBackend(Backend):
 
     def _build(self, source: str, name: str):
         cc, key = self._build_args()
-        path = cache.build(source, ".so", lambda src, out: cc + FLAGS + ["-o", out, src, "-lm"], key, name)
+        command = lambda src, out: cc + FLAGS + ["-o", out, src, "-lm"]  # noqa: E731
+        path = cache.build(source, ".so", command, key, name)
         try:
             return ffi.dlopen(str(path)), str(path)
         except OSError:
             # a binary whose digest matched but that the loader rejects: rebuild once
             cache.invalidate(path)
-            path = cache.build(source, ".so", lambda src, out: cc + FLAGS + ["-o", out, src, "-lm"], key, name)
+            path = cache.build(source, ".so", command, key, name)
             return ffi.dlopen(str(path)), str(path)
 
     def core(self, problem: Problem):
@@ -140,10 +141,19 @@ class CBackend(Backend):
                     self._cores[key] = lib
         return lib
 
+    @staticmethod
+    def _key(variant, tun: dict, problem: Problem) -> tuple:
+        return (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
+
+    def _variant_source(self, variant, tun: dict, problem: Problem):
+        """(rendered source, binary name) of a covariance variant for the problem's class."""
+        src = registry.render(variant, tun, _class_problem(problem), **self._context(problem))
+        return src, f"c-{Kernel(variant, tun).label}-{problem.cvtype}-{problem.dtype}"
+
     def kernel(self, variant, tunables, problem: Problem) -> Kernel:
         tun = variant.default_tunables()
         tun.update(tunables or {})
-        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
+        key = self._key(variant, tun, problem)
         k = self._kernels.get(key)
         if k is not None:
             return k
@@ -153,9 +163,7 @@ class CBackend(Backend):
                 if not variant.template:
                     k = Kernel(variant, tun, handle=None)
                 else:
-                    src = registry.render(variant, tun, _class_problem(problem), **self._context(problem))
-                    label = Kernel(variant, tun).label
-                    lib, path = self._build(src, f"c-{label}-{problem.cvtype}-{problem.dtype}")
+                    lib, path = self._build(*self._variant_source(variant, tun, problem))
                     k = Kernel(variant, tun, handle=(lib, ffi.cast("void *", lib.asp_covariance)), binary=path)
                 self._kernels[key] = k
         return k
@@ -168,12 +176,10 @@ class CBackend(Backend):
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         tun = variant.default_tunables()
         tun.update(tunables or {})
-        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
-        if key in self._kernels or not variant.template:
+        if not variant.template or self._key(variant, tun, problem) in self._kernels:
             return True
-        src = registry.render(variant, tun, _class_problem(problem), **self._context(problem))
-        label = Kernel(variant, tun).label
-        return cache.lookup(src, ".so", self._build_args()[1], f"c-{label}-{problem.cvtype}-{problem.dtype}") is not None
+        src, name = self._variant_source(variant, tun, problem)
+        return cache.lookup(src, ".so", self._build_args()[1], name) is not None
 
     def open(self, X, problem: Problem) -> "CSession":
         return CSession(self, X, problem)
@@ -192,8 +198,7 @@ SERIAL_WORK = 2e7
 
 
 def threads_for(problem: Problem) -> int:
-    work = problem.N * problem.M * (problem.D + 1) ** 2
-    return 1 if work < SERIAL_WORK else _omp_threads()
+    return 1 if problem.work < SERIAL_WORK else _omp_threads()
 
 
 @lru_cache(maxsize=1)
