@@ -33,6 +33,20 @@ SWEEP = {"V3": [{"threads": 128}, {"threads": 256}, {"tile": 2}],
 REG = 1e-6
 
 
+
+def time_estep(s, iters):
+    """Median CUDA-event time (ms) of the session's E-step alone, after one warm-up launch."""
+    e, times = s.buf.events, []
+    with s.dev.active():
+        for _ in range(iters + 1):
+            e[0].record(s.buf.stream)
+            s._reset()
+            s._estep_launch()
+            e[1].record(s.buf.stream)
+            s._read_stat()
+            times.append(e[1].time_since(e[0]))
+    return statistics.median(times[1:])
+
 def blobs(rng, N, D, M):
     centres = rng.normal(0.0, 3.0, (M, D))
     lab = rng.integers(0, M, N)
@@ -63,21 +77,11 @@ def bench_asp(X, params, cvtype, iters, log):
     try:
         # E-step alone (CUDA events), for every E-step variant that can run the problem
         s.set_params(*params, REG)
-        e = s.buf.events
         default = s.estep_mod
         estep_times = {}
         for v, tun in cu.estep_variants(p, be.limit_context()):
             s.estep_mod = be.estep(p, v, tun)
-            times = []
-            with s.dev.active():
-                for _ in range(iters + 1):
-                    e[0].record(s.buf.stream)
-                    s._reset()
-                    s._estep_launch()
-                    e[1].record(s.buf.stream)
-                    s._read_stat()
-                    times.append(e[1].time_since(e[0]))
-            estep_times[v.name] = statistics.median(times[1:])
+            estep_times[v.name] = time_estep(s, iters)
         s.estep_mod = default
         ev, etun = be.estep_variant(p)
         estep_ms = estep_times[ev.name]
@@ -147,17 +151,7 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5"):
         k = be.kernel(v, {}, p)
         out["variant"] = k.label
         s.set_params(*params, REG)
-        e = s.buf.events
-        times = []
-        with s.dev.active():
-            for _ in range(iters + 1):
-                e[0].record(s.buf.stream)
-                s._reset()
-                s._estep_launch()
-                e[1].record(s.buf.stream)
-                s._read_stat()
-                times.append(e[1].time_since(e[0]))
-        out["estep_ms"] = statistics.median(times[1:])
+        out["estep_ms"] = time_estep(s, iters)
         s.em(k, 1, 1, 0.0, REG)                              # warm-up
         s.set_params(*params, REG)
         t0 = time.perf_counter()
