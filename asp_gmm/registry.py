@@ -106,42 +106,37 @@ _FUNCS = {"min": min, "max": max, "abs": abs}
 
 def evaluate(expr: str, env: dict):
     """Evaluate a limit expression: arithmetic, comparisons, and/or/not, min/max/abs over names."""
-    return _eval(_parse(expr), env)
+    try:
+        return eval(_compiled(expr), {"__builtins__": {}, **_FUNCS}, env)  # noqa: S307 - checked by _check
+    except NameError as exc:
+        raise KeyError(f"limit expression names unknown quantity {exc.name!r}") from None
 
 
 @lru_cache(maxsize=None)
-def _parse(expr: str):
-    return ast.parse(expr, mode="eval").body
+def _compiled(expr: str):
+    """The expression compiled once, after :func:`_check` has allowed every construct in it (the
+    launch expressions are evaluated for every session, so walking the tree each time was slow)."""
+    tree = ast.parse(expr, mode="eval")
+    _check(tree.body)
+    return compile(tree, f"<limit {expr!r}>", "eval")
 
 
-def _eval(node, env):
-    if isinstance(node, ast.Constant):
-        return node.value
-    if isinstance(node, ast.Name):
-        if node.id not in env:
-            raise KeyError(f"limit expression names unknown quantity {node.id!r}")
-        return env[node.id]
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        return _BINOPS[type(node.op)](_eval(node.left, env), _eval(node.right, env))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not)):
-        v = _eval(node.operand, env)
-        return -v if isinstance(node.op, ast.USub) else not v
-    if isinstance(node, ast.BoolOp):
-        vals = (_eval(v, env) for v in node.values)
-        return all(vals) if isinstance(node.op, ast.And) else any(vals)
-    if isinstance(node, ast.Compare):
-        left = _eval(node.left, env)
-        for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, env)
-            if not _CMPOPS[type(op)](left, right):
-                return False
-            left = right
-        return True
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS:
-        return _FUNCS[node.func.id](*(_eval(a, env) for a in node.args))
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return tuple(_eval(e, env) for e in node.elts)
-    raise ValueError(f"unsupported construct in limit expression: {ast.dump(node)}")
+def _check(node):
+    """Raise ValueError unless ``node`` uses only constants, names, arithmetic, comparisons,
+    and/or/not, tuples and calls of min/max/abs."""
+    ok = (isinstance(node, (ast.Constant, ast.Name, ast.Tuple, ast.List, ast.BoolOp))
+          or isinstance(node, ast.BinOp) and type(node.op) in _BINOPS
+          or isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not))
+          or isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops)
+          or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
+          and not node.keywords)
+    if not ok:
+        raise ValueError(f"unsupported construct in limit expression: {ast.dump(node)}")
+    children = {ast.BinOp: lambda n: (n.left, n.right), ast.UnaryOp: lambda n: (n.operand,),
+                ast.BoolOp: lambda n: n.values, ast.Compare: lambda n: (n.left, *n.comparators),
+                ast.Call: lambda n: n.args, ast.Tuple: lambda n: n.elts, ast.List: lambda n: n.elts}
+    for child in children.get(type(node), lambda n: ())(node):
+        _check(child)
 
 
 # ---------------------------------------------------------------- loading
