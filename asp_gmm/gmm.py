@@ -9,6 +9,7 @@ import numbers
 
 import numpy as np
 
+from . import frozen
 from .problem import Problem
 from .specializer import Specializer
 
@@ -46,11 +47,17 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X") ->
         raise ValueError(f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
                          "use fewer components or more data")
     arr = np.ascontiguousarray(arr, dtype=dtype)
+    if _FINITE.get(arr):
+        return arr      # read-only and already checked: scoring one data set under many models
     if not np.isfinite(arr).all():
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValueError(f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
                          "remove or impute those events before training")
+    _FINITE.put(arr, True)
     return arr
+
+
+_FINITE = frozen.Memo()
 
 
 class GMM:
@@ -137,6 +144,8 @@ class GMM:
     def _seed(self, X: np.ndarray) -> None:
         """Seed missing parameters from the data: means at distinct events, every covariance the
         data's (co)variance, equal weights."""
+        if self.means is not None and self.covars is not None and self.weights is not None:
+            return
         N = X.shape[0]
         X64 = X.astype(np.float64)
         if self.means is None:
