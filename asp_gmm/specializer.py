@@ -117,10 +117,17 @@ class Specializer:
         tuning = selection.autotune_enabled()
         plan = sel.plan(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None)
         explore = list(plan.explore) if tuning else []
-        if explore and self.backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
+        if self.backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
             # a compile (seconds) costs more than a small problem can ever win back: explore only
-            # what is already compiled for this shape; larger problems and `asp-gmm tune` fill in
-            explore = [c for c in explore if self.backend.is_ready(c.variant, c.params, problem)]
+            # what is already compiled for this shape, and run a compiled candidate rather than
+            # compile the planned one; larger problems and `asp-gmm tune` fill in
+            ready = lambda c: self.backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+            explore = [c for c in explore if ready(c)]
+            if variant is None and not ready(plan.primary):
+                alt = next((c for c in selection.rule_order(self.backend, self.candidates(problem))
+                            if ready(c)), None)
+                if alt is not None:
+                    plan = selection.Plan(alt, [], plan.reason + ", compiled")
         session = self.backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)

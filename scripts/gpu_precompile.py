@@ -23,7 +23,13 @@ TEST_CLASSES = [  # (D, M, cvtypes, dtype) used by tests/test_cuda_gpu.py
     (5, 3, ("full", "diag"), "float32"), (71, 3, ("full",), "float32"), (6, 4, ("full", "diag"), "float32"),
     (3, 2, ("full",), "float32"), (4, 2, ("full",), "float32"), (64, 2, ("full", "diag"), "float32"),
     (1, 1, ("full",), "float32"), (71, 2, ("full",), "float32"),
+    (5, 12, ("full", "diag"), "float32"), (9, 24, ("full", "diag"), "float32"),   # padded M = 11, 21
+    (6, 7, ("full", "diag"), "float32"), (6, 10, ("full", "diag"), "float32"),
+    (6, 16, ("full", "diag"), "float32"),    # test_pooled_buffers_and_padding_over_varying_n_and_m
 ]
+#: The diarization example (19 MFCCs, diag by default): every component class up to 64 (cluster models of 5 to 32
+#: components, merged models of up to 64), every covariance variant with its default tunables.
+DIARIZATION = [(19, M) for M in sorted({cu.component_class(m) for m in range(1, 65)})]
 
 
 V5_GPU = [  # tests/test_cuda_v5.py on a GPU: (D, M) of GPU_SHAPES x the tunables it loads
@@ -38,6 +44,8 @@ def jobs():
     import gpu as bench
     out = {}
     classes = [(D, M, cv, dt) for D, M, cvs, dt in TEST_CLASSES for cv in cvs]
+    diar = [(D, M, "diag", "float32") for D, M in DIARIZATION]
+    classes += [c for c in diar if c not in classes]
     bench_classes = [(D, M, cv, "float32") for (_, D, M) in bench.SHAPES for cv in ("full", "diag")]
     ctx = dict(cu._DEFAULT_LIMITS)
     for D, M, cv, dt in classes + bench_classes:
@@ -50,7 +58,7 @@ def jobs():
             if not cu.pluggable(v) or not v.allows(p, extra=ctx):
                 continue
             sweeps = [{}] + (bench.SWEEP.get(v.name, []) if (D, M, cv, dt) in bench_classes else [])
-            if cv == "full" and dt == "float32":
+            if cv == "full" and dt == "float32" and (D, M, cv, dt) not in diar:
                 sweeps += [t for name, t in TUNED if name == v.name]
             for tun in sweeps:
                 t = v.default_tunables()

@@ -116,3 +116,16 @@ def test_import_does_not_need_pycuda_or_a_gpu():
     import asp_gmm.backends.cuda  # noqa: F401  (imported above; pycuda is imported lazily)
     reason = cu.CudaBackend.unavailable_reason()
     assert reason is None or isinstance(reason, str)
+
+
+def test_component_classes_pad_at_most_a_quarter():
+    classes = {cu.component_class(m) for m in range(1, 300)}
+    for m in range(1, 300):
+        c = cu.component_class(m)
+        assert c >= m and (c - m) * 4 <= c and cu.component_class(c) == c
+    assert {1, 2, 5, 8, 10, 12, 16, 20, 40, 64, 80, 96, 128} <= classes
+    assert len([c for c in classes if c <= 64]) == 20     # 1..8, then four steps per octave
+    small = Problem(50_000, 19, 37, "diag", "float32")
+    assert cu.binary_problem(small) == Problem(50_000, 19, 40, "diag", "float32")
+    big = Problem(1_000_000, 64, 127, "full", "float32")    # worth a binary of its own
+    assert cu.binary_problem(big) is big

@@ -26,6 +26,8 @@ SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N not a multiple of any block size
     (2000, 13, 1),
     (4099, 19, 16),
     (20_011, 33, 5),
+    (3001, 5, 11),     # small: runs padded to 12 components (cuda.component_class)
+    (2501, 9, 21),     # padded to 24
 ]
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-9)}
 
@@ -253,16 +255,43 @@ def test_launch_error_names_kernel_and_configuration(rng):
         s.close()
 
 
-def test_read_only_data_is_uploaded_once(rng):
+def test_read_only_data_is_uploaded_once_for_every_m(rng):
+    """A read-only data set stays on the device and serves sessions of any M (the diarization
+    example scores all frames under every cluster's model)."""
     X = make_blobs(rng, 5000, 4, 2, dtype=np.float32)
     X.flags.writeable = False
-    p = Problem(5000, 4, 2, "full", "float32")
     be = cuda_mod.CudaBackend()
-    s1 = be.open(X, p)
-    buf = s1.buf
-    s1.close()
-    s2 = be.open(X, p)
+    ptrs = []
+    for M in (2, 3, 11):
+        s = be.open(X, Problem(5000, 4, M, "full", "float32"))
+        ptrs.append(int(s.xt))
+        s.close()
+    assert len(set(ptrs)) == 1
+    Y = np.array(X)            # writeable: uploaded into the session's own buffer
+    s = be.open(Y, Problem(5000, 4, 2, "full", "float32"))
     try:
-        assert s2.buf is buf and buf.source is not None and buf.source[0]() is X
+        assert int(s.xt) != ptrs[0]
     finally:
-        s2.close()
+        s.close()
+
+
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+def test_pooled_buffers_and_padding_over_varying_n_and_m(cvtype, rng):
+    """Calls of decreasing N reuse larger pooled buffers (stale posteriors beyond N must not leak
+    into the sums) and M that is not a component class runs padded: every result matches the
+    reference, weights of the live components sum to 1 and no padding shows."""
+    D = 6
+    for N, M in ((9000, 7), (8800, 7), (6000, 10), (5900, 9), (8000, 13), (7900, 13)):
+        X = make_blobs(rng, N, D, M, dtype=np.float32)
+        if N % 2:
+            X.flags.writeable = False
+        w, mu, cv = _init(rng, X, M, cvtype)
+        r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
+        g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, backend="cuda")
+        ll = g.train(X, min_em_iters=2, max_em_iters=2, tol=0.0)
+        assert g.weights.shape == (M,) and g.means.shape == (M, D)
+        assert g.weights.sum() == pytest.approx(1.0, abs=1e-5)
+        _compare(g, ll, r, "float32")
+        logprob, post = g.eval(X)
+        assert post.shape == (N, M)
+        np.testing.assert_allclose(post.sum(axis=1), 1.0, atol=1e-4)

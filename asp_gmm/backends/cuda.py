@@ -58,6 +58,20 @@ variants (signature ``(xt, means, prec, logc, resp, logp, stat, n, ldn)``; it wr
 ``logp`` and adds the log-likelihood to ``stat[0]``); :attr:`CudaBackend.estep_preference` orders them
 and ``ASP_GMM_CUDA_ESTEP`` pins one.
 
+Binaries are compiled per (D, M) class. A problem of less than :data:`PAD_BELOW_WORK` multiply-adds
+per iteration runs on the binary of its *component class* (:func:`component_class`: M itself up to 8,
+then steps of at most 1/4: 10, 12, 14, 16, 20, 24, ...): the extra components are padding with weight
+exactly 0, so their posteriors are exactly 0 and the live components' results are unchanged. An
+application that trains many small models of ever-new M (the diarization example) then loads a
+handful of binaries instead of compiling one per M; the padding costs at most a quarter more work
+where that work is small.
+
+Data: a read-only array (``X.flags.writeable == False``, base read-only too) stays on the GPU after
+its first session (LRU, :data:`RESIDENT_BYTES` at most) and is shared by every later session on it,
+whatever the model's M: score a data set under many models without uploading it again. Writeable
+arrays are uploaded on every session (their contents may change between calls). Session buffers are
+pooled by (D, M, cvtype, dtype) and a capacity in events, so calls on data of varying N reuse them.
+
 pycuda is imported lazily and CUDA initialised on first use (never at ``import asp_gmm``). Errors
 from the driver are raised as :class:`~asp_gmm.errors.KernelError` naming the kernel and its grid and
 block; ``ASP_GMM_CUDA_SYNC=1`` synchronises after every launch to pin asynchronous faults on the
@@ -66,18 +80,18 @@ launch that caused them.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import math
 import os
 import shutil
 import threading
-import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from .. import cache, registry
+from .. import cache, frozen, registry
 from ..errors import BackendUnavailableError, KernelError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, EMRun, Kernel, Session
@@ -89,6 +103,42 @@ LDN_ALIGN = 256
 _INT_MAX = 2**31 - 1
 #: limit context used when no GPU is present (compile-only checks): an H100
 _DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "smem_optin": 232448, "sm_count": 132}
+#: Problems under this many multiply-adds per EM iteration (Problem.work) run on the binary of their
+#: component class. An iteration of that size takes a few milliseconds on a current GPU, so the at
+#: most 25 % of padding costs less over hundreds of iterations than the compile of an exact binary
+#: (seconds for each of the core, E-step and covariance modules) that a new M would need.
+PAD_BELOW_WORK = 1e11
+#: Device bytes that read-only data sets may keep resident between sessions.
+RESIDENT_BYTES = 2 << 30
+#: Idle session buffers kept for reuse (the least recently released are freed first).
+POOL_IDLE = 8
+
+
+def component_class(M: int) -> int:
+    """The component count a binary for M components is compiled with when padding is allowed: M up
+    to 8, then the next multiple of 2**(ceil(log2 M) - 3) (10, 12, 14, 16, 20, 24, 28, 32, 40, ...),
+    so that at most a quarter of the components are padding."""
+    if M <= 8:
+        return M
+    step = (1 << (M - 1).bit_length()) // 8
+    return -(-M // step) * step
+
+
+def binary_problem(problem: Problem) -> Problem:
+    """The problem whose binaries run ``problem``: itself, or with M raised to its component class
+    when the problem is small (see :data:`PAD_BELOW_WORK`)."""
+    if problem.work >= PAD_BELOW_WORK:
+        return problem
+    m = component_class(problem.M)
+    return problem if m == problem.M else Problem(problem.N, problem.D, m, problem.cvtype, problem.dtype)
+
+
+def _capacity(n: int) -> int:
+    """Events a new session buffer holds for n: n rounded up to LDN_ALIGN and to 16 steps per
+    octave, so a buffer serves every later call up to 1/16 larger."""
+    n = max(int(n), 1)
+    step = max(LDN_ALIGN, (1 << (n.bit_length() - 1)) // 16)
+    return -(-n // step) * step
 
 
 # ---------------------------------------------------------------------------------------- pycuda
@@ -322,16 +372,20 @@ class CudaBackend(Backend):
         self._lock = threading.RLock()
         self._modules: dict = {}
         self._kernels: dict = {}
-        self._pool: dict = {}
+        self._pool: list = []           # idle _Buffers, least recently released first
+        self._resident = collections.OrderedDict()   # read-only data sets on the device (LRU)
         atexit.register(self._free_pool)
 
     def _free_pool(self):
         """Free the idle device buffers (at exit, while the context still exists)."""
         with self._lock:
-            for lst in self._pool.values():
-                while lst:
-                    with contextlib.suppress(Exception):
-                        lst.pop().free()
+            while self._pool:
+                with contextlib.suppress(Exception):
+                    self._pool.pop().free()
+            if self._resident and self._device is not None:
+                with contextlib.suppress(Exception), self._device.active():
+                    while self._resident:
+                        self._resident.popitem()[1][1].free()
 
     @classmethod
     def unavailable_reason(cls):
@@ -352,8 +406,10 @@ class CudaBackend(Backend):
                 "compiler": cache.tool_version(nvcc_command())}
 
     def covariance_variants(self, problem: Problem | None = None) -> list:
-        """Covariance variants that follow the plug-in convention and whose limits allow ``problem``."""
-        return [v for v in super().covariance_variants(problem) if pluggable(v)]
+        """Covariance variants that follow the plug-in convention and whose limits allow ``problem``
+        (as it runs: padded to its component class when small)."""
+        bp = None if problem is None else binary_problem(problem)
+        return [v for v in super().covariance_variants(bp) if pluggable(v)]
 
     def limit_context(self) -> dict:
         if self._device is None and _probe() is not None:
@@ -427,7 +483,8 @@ class CudaBackend(Backend):
 
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         """True when this variant, the EM core and the E-step for the problem's class are loaded or
-        their cubins are cached (sources depend on D and M here, so a new M means compiling)."""
+        their cubins are cached (sources depend on D and M here, so a new M class means compiling)."""
+        problem = binary_problem(problem)
         tun = variant.default_tunables()
         tun.update(tunables or {})
         key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.D, problem.M,
@@ -452,32 +509,61 @@ class CudaBackend(Backend):
         if not pluggable(variant):
             raise KernelError(f"{variant.key} declares no [[launch]] table; see 'How a covariance variant "
                               "plugs in' in asp_gmm/backends/cuda.py")
-        mod = self._load(variant, tun, problem, {"*": COV_ARGS})
+        mod = self._load(variant, tun, binary_problem(problem), {"*": COV_ARGS})
         return Kernel(variant, tun, handle=mod, binary=mod.path)
 
     # ------------------------------------------------------------------ buffers
-    def _acquire(self, problem: Problem) -> "_Buffers":
-        key = (problem.N, problem.D, problem.M, problem.cvtype, problem.dtype)
+    def _acquire(self, problem: Problem, exact: bool = False) -> "_Buffers":
+        """Idle buffers of the problem's (D, M, cvtype, dtype) holding N events (the smallest that
+        is at most twice the need; with ``exact``, of capacity _capacity(N) exactly, the leading
+        dimension of resident data), else new ones of capacity _capacity(N)."""
+        key = (problem.D, problem.M, problem.cvtype, problem.dtype)
+        cap = _capacity(problem.N)
+        hi = cap if exact else 2 * cap
         with self._lock:
-            free = self._pool.get(key)
-            if free:
-                return free.pop()
-        return _Buffers(self, problem)
+            fits = [b for b in self._pool if b.key == key and problem.N <= b.capacity <= hi]
+            if fits:
+                buf = min(fits, key=lambda b: b.capacity)
+                self._pool.remove(buf)
+                return buf
+        return _Buffers(self, Problem(cap, problem.D, problem.M, problem.cvtype, problem.dtype))
 
     def _release(self, buf: "_Buffers"):
-        p = buf.problem
-        key = (p.N, p.D, p.M, p.cvtype, p.dtype)
         with self._lock:
-            lst = self._pool.setdefault(key, [])
-            lst.append(buf)
-            # keep at most two shapes' worth of idle buffers
-            while sum(len(v) for v in self._pool.values()) > 2:
-                for k in list(self._pool):
-                    if self._pool[k] and k != key:
-                        self._pool[k].pop(0).free()
-                        break
-                else:
-                    break
+            self._pool.append(buf)
+            while len(self._pool) > POOL_IDLE:
+                self._pool.pop(0).free()
+
+    def _resident_xt(self, X: np.ndarray, problem: Problem, core_fn):
+        """Device pointer and leading dimension of the read-only X's resident copy (uploaded and
+        transposed now if it is not resident), or None when X may change (writeable)."""
+        ident = frozen.identity(X)
+        if ident is None:
+            return None
+        key = ident[1]
+        with self._lock:
+            hit = self._resident.get(key)
+            if hit is not None and hit[0]() is X:
+                self._resident.move_to_end(key)
+                return hit[1], hit[2]
+            dev = self.device
+            with dev.active():
+                if hit is not None:      # another array now lives at that address
+                    self._resident.pop(key)[1].free()
+                ldn = _capacity(problem.N)    # the leading dimension of the buffers it runs with
+                nbytes = max(problem.D * ldn * problem.np_dtype.itemsize, 16)
+                if nbytes > RESIDENT_BYTES:
+                    return None
+                while self._resident and sum(v[3] for v in self._resident.values()) + nbytes > RESIDENT_BYTES:
+                    self._resident.popitem(last=False)[1][1].free()
+                xt = dev.drv.mem_alloc(nbytes)
+                try:
+                    _upload_transposed(dev, X, xt, problem.N, problem.D, ldn, core_fn)
+                except BaseException:
+                    xt.free()
+                    raise
+                self._resident[key] = (ident[0], xt, ldn, nbytes)
+            return xt, ldn
 
     def open(self, X, problem: Problem) -> "CudaSession":
         return CudaSession(self, X, problem)
@@ -488,17 +574,22 @@ _CORE_SIGNATURES = {
     "asp_reset": "P",
     "asp_moments": "PPPiiPPi",
     "asp_means": "PiPPPPPi",
-    "asp_factor": "PPPPPPPPPdi",
+    "asp_factor": "PPPPPPPPPdii",
 }
 
 
 class _Buffers:
-    """Device memory for one problem shape, reused across sessions of that shape."""
+    """Device memory for sessions of one (D, M, cvtype, dtype) on up to ``problem.N`` events (the
+    capacity), reused across sessions. ``xt`` is allocated on the first upload of writeable data
+    (sessions on resident read-only data use the resident copy)."""
 
     def __init__(self, backend: CudaBackend, problem: Problem):
         dev = backend.device
         drv = dev.drv
         self.problem = problem
+        self.capacity = problem.N
+        self.key = (problem.D, problem.M, problem.cvtype, problem.dtype)
+        self.last_n = None     # events of the last session: resp beyond them is stale otherwise
         N, D, M = problem.N, problem.D, problem.M
         rs = problem.np_dtype.itemsize
         full = problem.cvtype == "full"
@@ -523,7 +614,8 @@ class _Buffers:
         with dev.active():
             try:
                 alloc = drv.mem_alloc
-                self.xt = alloc(max(D * ldn * rs, 16))
+                self.xt = None
+                self.xt_bytes = max(D * ldn * rs, 16)
                 self.resp = alloc(max(M * ldn * rs, 16))
                 self.logp = alloc(ldn * rs)
                 self.params = alloc(16 * self.param_vec)
@@ -544,8 +636,14 @@ class _Buffers:
                 raise MemoryError(f"could not allocate GPU memory for N={N}, D={D}, M={M}: {exc}") from None
         self.scratch = None
         self.scratch_bytes = 0
-        self.source = None     # (weakref to X, address) of the data xt holds, when reusable
         self._dev = dev
+
+    def own_xt(self):
+        """This buffer set's own event array (for writeable data), allocated on first use."""
+        if self.xt is None:
+            with self._dev.active():
+                self.xt = self._dev.drv.mem_alloc(self.xt_bytes)
+        return self.xt
 
     def ptr(self, name: str) -> int:
         return int(self.params) + self.off[name]
@@ -569,39 +667,62 @@ class _Buffers:
                     setattr(self, name, None)
 
 
-def _reusable(X: np.ndarray):
-    """(weakref, address) identifying X when its contents cannot change under us (read-only)."""
-    if X.flags.writeable or X.base is not None and getattr(X.base, "flags", None) is not None \
-            and X.base.flags.writeable:
-        return None
-    try:
-        return (weakref.ref(X), X.__array_interface__["data"][0])
-    except TypeError:
-        return None
+def _upload_transposed(dev, X: np.ndarray, dst, N: int, D: int, ldn: int, transpose_fn):
+    """Copy X (N, D) to the device and transpose it there into dst [D][ldn] (padding zeroed)."""
+    drv = dev.drv
+    with dev.active():
+        tmp = drv.mem_alloc(max(X.nbytes, 16))
+        try:
+            drv.memcpy_htod(tmp, X)
+            total = D * ldn
+            try:
+                transpose_fn.prepared_call((-(-total // 256), 1), (256, 1, 1), int(tmp), int(dst),
+                                           np.int32(N), np.int32(ldn))
+                drv.Context.synchronize()
+            except drv.Error as exc:
+                raise KernelError(f"CUDA kernel asp_transpose (grid=({-(-total // 256)}, 1), block=256) "
+                                  f"failed: {exc}") from None
+        finally:
+            tmp.free()
 
 
 class CudaSession(Session):
     """One data set on the GPU; the EM loop issued from here, kernels on one stream."""
 
     def __init__(self, backend: CudaBackend, X: np.ndarray, problem: Problem):
+        #: the live components; ``self.problem`` is what the binaries run (M padded when small)
+        self.m_live = problem.M
+        problem = binary_problem(problem)
         self.problem, self.backend = problem, backend
         self.dev = backend.device
         self.drv = self.dev.drv
         self.core = backend.core(problem)
         self.estep_mod = backend.estep(problem)
         self._fn = {spec.kernel: fn for spec, fn in self.core.funcs}
-        self.buf = backend._acquire(problem)
+        resident = backend._resident_xt(X, problem, self._fn["asp_transpose"])
+        self.buf = backend._acquire(problem, exact=resident is not None)
         self._closed = False
         self._stale = True
         self._launched = []
         self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
         self.phase_seconds = []
         self._sync_each = os.environ.get("ASP_GMM_CUDA_SYNC", "0") not in ("", "0")
-        ident = _reusable(X)
-        src = self.buf.source
-        if ident is None or src is None or src[0]() is not X or src[1] != ident[1]:
-            self._upload(X)
-            self.buf.source = ident
+        b = self.buf
+        try:
+            if b.last_n is not None and b.last_n != problem.N:
+                # posteriors beyond N from an earlier, larger session: padding must read as zero
+                with self.dev.active():
+                    self.drv.memset_d8(b.resp, 0, problem.M * b.ldn * problem.np_dtype.itemsize)
+            b.last_n = problem.N
+            if resident is not None and resident[1] == b.ldn:
+                self.xt = resident[0]
+            else:
+                self.xt = b.own_xt()
+                _upload_transposed(self.dev, np.ascontiguousarray(X, dtype=problem.np_dtype), self.xt,
+                                   problem.N, problem.D, b.ldn, self._fn["asp_transpose"])
+        except BaseException:
+            self.close()
+            raise
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -645,20 +766,6 @@ class CudaSession(Session):
         bad = int(b.stat_host[1:2].view(np.int32)[0])
         return ll, (None if bad == _INT_MAX else bad)
 
-    def _upload(self, X: np.ndarray):
-        b, N, D = self.buf, self.problem.N, self.problem.D
-        X = np.ascontiguousarray(X, dtype=self.problem.np_dtype)
-        with self.dev.active():
-            tmp = self.drv.mem_alloc(max(X.nbytes, 16))
-            try:
-                self.drv.memcpy_htod(tmp, X)
-                total = D * b.ldn
-                self._launch("asp_transpose", self._fn["asp_transpose"], (-(-total // 256), 1), (256, 1, 1),
-                             int(tmp), int(b.xt), np.int32(N), np.int32(b.ldn))
-                self._sync()
-            finally:
-                tmp.free()
-
     # ------------------------------------------------------------------ phases
     def _reset(self):
         self._launch("asp_reset", self._fn["asp_reset"], (1, 1), (1, 1, 1), int(self.buf.stat))
@@ -669,11 +776,11 @@ class CudaSession(Session):
         self._launch("asp_factor", self._fn["asp_factor"], (M, 1), (ft, 1, 1),
                      int(b.acc), int(b.nk), b.ptr("w64"), b.ptr("cov64"), b.ptr("logdet"), b.ptr("prec"),
                      b.ptr("logc"), int(b.work) if b.work is not None else 0, int(b.stat),
-                     np.float64(reg_covar), np.int32(mode))
+                     np.float64(reg_covar), np.int32(mode), np.int32(self.m_live))
 
     def _args(self, names, scratch=None) -> list:
         b, p = self.buf, self.problem
-        val = {"xt": lambda: int(b.xt), "resp": lambda: int(b.resp), "means": lambda: b.ptr("mu"),
+        val = {"xt": lambda: int(self.xt), "resp": lambda: int(b.resp), "means": lambda: b.ptr("mu"),
                "nk": lambda: int(b.nk), "acc": lambda: int(b.acc),
                "scratch": lambda: int(scratch) if scratch is not None else 0,
                "prec": lambda: b.ptr("prec"), "logc": lambda: b.ptr("logc"), "logp": lambda: int(b.logp),
@@ -712,7 +819,7 @@ class CudaSession(Session):
         first zero_cells acc cells of every component are zeroed (for variants with zero_acc)."""
         b, M = self.buf, self.problem.M
         self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, 1), (self.core.mom_threads, 1, 1),
-                     int(b.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn),
+                     int(self.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn),
                      int(b.params), int(b.backup), np.int32(b.param_vec))
         self._launch("asp_means", self._fn["asp_means"], (M, 1), (256, 1, 1),
                      int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"),
@@ -746,6 +853,12 @@ class CudaSession(Session):
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         b, p = self.buf, self.problem
         rt = p.np_dtype
+        pad = p.M - self.m_live
+        if pad:
+            # padding components: copies of component 0 (finite, positive definite) of weight 0
+            weights = np.concatenate([np.asarray(weights, np.float64), np.zeros(pad)])
+            means, covars = (np.concatenate([a, np.repeat(a[:1], pad, axis=0)])
+                             for a in (np.asarray(means, np.float64), np.asarray(covars, np.float64)))
         with self.dev.active():
             host = np.zeros(b.param_bytes, np.uint8)
             for name, arr, dt in (("w64", weights, np.float64), ("mu64", means, np.float64),
@@ -770,7 +883,8 @@ class CudaSession(Session):
             return host[b.off[name]: b.off[name] + 8 * n].view(np.float64).reshape(shape).copy()
         D, M = p.D, p.M
         cshape = (M, D, D) if p.cvtype == "full" else (M, D)
-        return get("w64", (M,)), get("mu64", (M, D)), get("cov64", cshape)
+        m = self.m_live
+        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], get("cov64", cshape)[:m]
 
     def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
         mod = kernel.handle
@@ -833,7 +947,7 @@ class CudaSession(Session):
             if want_resp:
                 r = np.empty((p.M, b.ldn), p.np_dtype)
                 self.drv.memcpy_dtoh(r, b.resp)
-                resp = np.ascontiguousarray(r[:, :p.N].T)
+                resp = np.ascontiguousarray(r[:self.m_live, :p.N].T)
         return logp[:p.N].copy(), resp
 
     def close(self) -> None:
