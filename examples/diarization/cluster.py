@@ -106,38 +106,63 @@ def majority_vote(frame_best: np.ndarray, n_clusters: int, seg_len: int) -> np.n
     return vote[blk]
 
 
+def _row_argmax(rows: np.ndarray) -> np.ndarray:
+    """argmax over axis 0 of a (k, n) array (ties: lowest row), one contiguous pass per row: numpy's
+    axis-0 argmax copies the array into (n, k) first, and argmax along short rows is slow."""
+    best = rows[0].copy()
+    arg = np.zeros(rows.shape[1], np.intp)
+    for j in range(1, rows.shape[0]):
+        better = rows[j] > best
+        np.copyto(best, rows[j], where=better)
+        arg[better] = j
+    return arg
+
+
+def _prefix(values: np.ndarray) -> np.ndarray:
+    """(k, n + 1) prefix sums of each row of ``values`` (k, n), a leading zero column."""
+    k, n = values.shape
+    c = np.zeros((k, n + 1), values.dtype)
+    np.cumsum(values, axis=1, out=c[:, 1:])
+    return c
+
+
 def sliding_majority(frame_best: np.ndarray, n_clusters: int, width: int) -> np.ndarray:
     """Per-frame label = most frequent frame-wise winner in the window of ``width`` frames centred
     on the frame (ties: lowest index). Same vote length as the block vote, but a speaker change is
-    placed where the majority flips instead of at the nearest block edge."""
+    placed where the majority flips instead of at the nearest block edge. Windows near the ends are
+    shifted inside so that every window holds ``width`` frames (all frames when fewer)."""
     n = len(frame_best)
-    onehot = np.zeros((n + 1, n_clusters), np.int32)
-    onehot[np.arange(1, n + 1), frame_best] = 1
-    c = np.cumsum(onehot, axis=0)
-    h = width // 2
-    idx = np.arange(n)
-    lo = np.clip(idx - h, 0, n)
-    hi = np.clip(idx + (width - h), 0, n)
-    # Windows near the ends are shifted inside so that every window holds ``width`` frames.
-    shift = np.minimum(0, n - hi) + np.maximum(0, -(idx - h))
-    lo, hi = np.clip(lo + shift, 0, n), np.clip(hi + shift, 0, n)
-    return (c[hi] - c[lo]).argmax(axis=1)
+    onehot = np.zeros((n_clusters, n), np.int32)
+    onehot[frame_best, np.arange(n)] = 1
+    c = _prefix(onehot)
+    w = min(width, n)
+    # window j covers frames [j, j + w); frame i votes in window clip(i - width // 2, 0, n - w)
+    winner = _row_argmax(c[:, w:] - c[:, :n - w + 1])
+    return winner[np.clip(np.arange(n) - width // 2, 0, n - w)]
 
 
 def sliding_vote(loglik: np.ndarray, width: int) -> np.ndarray:
-    """Per-frame label = argmax of the per-cluster log-likelihoods summed over a centred window of
-    ``width`` frames: the block vote's smoothing without its fixed block boundaries, so speaker
-    changes land at frame resolution instead of at the nearest block edge."""
-    n, k = loglik.shape
+    """Per-frame label = argmax of the per-cluster log-likelihoods ``loglik`` (k clusters, n frames)
+    summed over a centred window of ``width`` frames (cut at the ends): the block vote's smoothing
+    without its fixed block boundaries, so speaker changes land at frame resolution instead of at
+    the nearest block edge."""
+    k, n = loglik.shape
     if k == 1:
         return np.zeros(n, int)
     # Frame-wise scores relative to the frame's best bound the influence of outlier frames.
-    rel = np.maximum(loglik - loglik.max(axis=1, keepdims=True), -20.0)
-    c = np.cumsum(np.vstack([np.zeros((1, k)), rel]), axis=0)
+    rows = loglik
+    c = _prefix(np.maximum(rows - rows.max(axis=0), -20.0))
     h = width // 2
-    lo = np.clip(np.arange(n) - h, 0, n)
-    hi = np.clip(np.arange(n) + (width - h), 0, n)
-    return (c[hi] - c[lo]).argmax(axis=1)
+    if n < width:
+        lo = np.clip(np.arange(n) - h, 0, n)
+        hi = np.clip(np.arange(n) + (width - h), 0, n)
+        return _row_argmax(c[:, hi] - c[:, lo])
+    # frame i sums [max(i - h, 0), min(i - h + width, n)): cut windows at both ends, full ones
+    # (contiguous slices, no gathers) for frames h .. n - width + h
+    head = c[:, width - h:width] - c[:, :1]
+    body = c[:, width:] - c[:, :n - width + 1]
+    tail = c[:, n:] - c[:, n - width + 1:n - h]
+    return _row_argmax(np.concatenate([head, body, tail], axis=1))
 
 
 def _n_components(g):
@@ -153,7 +178,10 @@ class Clusterer:
     outcome does not depend on n_jobs."""
 
     def __init__(self, X: np.ndarray, backend: Backend, params: ClusterParams, log=None, seed=0):
-        self.X = np.ascontiguousarray(X, dtype=params.dtype)
+        self.X = np.array(X, dtype=params.dtype, order="C")
+        # Read-only data may stay on the GPU between calls (asp_gmm's CUDA backend keeps it
+        # resident): every cluster model scores the same frames in each resegmentation.
+        self.X.flags.writeable = False
         self.be = backend
         self.p = params
         self.log = log or (lambda *a: None)
@@ -186,16 +214,17 @@ class Clusterer:
                          list(zip(gmms, datas)))
 
     def _loglik(self):
+        """(k, n) per-cluster log-likelihoods of every frame (a row per cluster: the votes walk
+        rows, which is contiguous)."""
         X = self.X
-        cols = self._map("score", lambda g: np.asarray(g.score(X), dtype=np.float64),
-                         [(g,) for g in self.gmms])
-        return np.column_stack(cols)
+        rows = self._map("score", lambda g: g.score(X), [(g,) for g in self.gmms])
+        return np.stack(rows).astype(np.float64, copy=False)
 
     def resegment(self):
         """Score, vote, drop clusters that won no block, retrain the others on their frames."""
         ll = self._loglik()
         k = len(self.gmms)
-        best = ll.argmax(axis=1) if k > 1 else np.zeros(len(self.X), int)
+        best = _row_argmax(ll)
         if self.p.vote == "block":
             labels = majority_vote(best, k, self.p.seg_len)
             alive = np.flatnonzero(np.bincount(labels, minlength=k))
@@ -204,7 +233,7 @@ class Clusterer:
             # winner does); the smallest is dropped and the vote repeated without it.
             alive = np.arange(k)
             while True:
-                sub = ll[:, alive].argmax(axis=1)
+                sub = _row_argmax(ll[alive])
                 lab_a = sliding_majority(sub, len(alive), self.p.seg_len)
                 cnt = np.bincount(lab_a, minlength=len(alive))
                 if cnt.min() >= self.p.seg_len or len(alive) == 1:
