@@ -75,6 +75,12 @@ class Variant:
         for combo in itertools.product(*(self.tunables[n] for n in names)):
             yield dict(zip(names, combo))
 
+    @property
+    def limits_name_n(self) -> bool:
+        """Whether any limit depends on N (the number of events); when none does, whether the
+        variant allows a problem does not change with N and callers may memoise by shape."""
+        return any("N" in _compiled(lim.require).co_names for lim in self.limits)
+
     def check(self, problem: Problem, tunables: dict | None = None, extra: dict | None = None):
         """Return ``None`` when the variant can run the problem, else the reason it cannot."""
         if problem.cvtype not in self.cvtypes:

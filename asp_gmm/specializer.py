@@ -81,9 +81,10 @@ class Specializer:
         return self._selector or selection.default_selector()
 
     def candidates(self, problem: Problem, variant: str | None = None) -> list:
-        """Configurations (variant + default tunables) whose limits allow ``problem`` (memoised per
-        problem: the diarization example asks thousands of times for a handful of shapes)."""
-        key = (problem, variant)
+        """Configurations (variant + default tunables) whose limits allow ``problem`` (memoised by the
+        backend's selection key: the diarization example asks thousands of times for a handful of
+        shapes with ever-new N)."""
+        key = (self.backend.selection_key(problem), variant)
         hit = self._candidates.get(key)
         if hit is None:
             if len(self._candidates) > 4096:

@@ -8,6 +8,7 @@ Backends never import the Face (``asp_gmm.gmm``) nor the tuning history.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -128,6 +129,13 @@ class Backend(abc.ABC):
         """This backend's covariance variants (those whose declared limits allow ``problem``)."""
         vs = registry.variants(self.name, "covariance")
         return [v for v in vs if problem is None or v.allows(problem, extra=self.limit_context())]
+
+    def selection_key(self, problem: Problem) -> Problem:
+        """What decides which variants can run ``problem`` on this backend: the problem with N set to
+        0 when no covariance variant's limits name N (memo key for the specializer)."""
+        if any(v.limits_name_n for v in registry.variants(self.name, "covariance")):
+            return problem
+        return dataclasses.replace(problem, N=0)
 
     def limit_context(self) -> dict:
         """Device quantities the variants' limits may name (threads per block, shared memory...)."""

@@ -82,6 +82,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import dataclasses
 import math
 import os
 import shutil
@@ -374,6 +375,8 @@ class CudaBackend(Backend):
         self._kernels: dict = {}
         self._pool: list = []           # idle _Buffers, least recently released first
         self._resident = collections.OrderedDict()   # read-only data sets on the device (LRU)
+        self._estep_pick: dict = {}     # E-step (variant, tunables) by problem shape
+        self._ready: set = set()        # is_ready keys found in the compile cache
         atexit.register(self._free_pool)
 
     def _free_pool(self):
@@ -471,9 +474,24 @@ class CudaBackend(Backend):
             mod.mom_threads = int(geo[0])
         return mod
 
+    def selection_key(self, problem: Problem) -> Problem:
+        """As the base class, after padding: the variants that run ``problem`` are those of its
+        binary problem (component class)."""
+        return super().selection_key(binary_problem(problem))
+
     def estep_variant(self, problem: Problem):
-        """(variant, tunables) of the E-step for ``problem``."""
-        return pick_estep(problem, self.limit_context(), self.estep_preference)
+        """(variant, tunables) of the E-step for ``problem`` (memoised by shape when no E-step
+        limit names N)."""
+        problem = binary_problem(problem)
+        key = problem
+        if not any(v.limits_name_n for v in registry.variants("cuda", "estep")):
+            key = dataclasses.replace(problem, N=0)
+        hit = self._estep_pick.get(key)
+        if hit is None:
+            if len(self._estep_pick) > 4096:
+                self._estep_pick.clear()
+            hit = self._estep_pick[key] = pick_estep(problem, self.limit_context(), self.estep_preference)
+        return hit
 
     def estep(self, problem: Problem, variant=None, tunables=None) -> _Module:
         """The loaded E-step module for ``problem`` (the preferred one unless ``variant`` is given)."""
@@ -489,7 +507,7 @@ class CudaBackend(Backend):
         tun.update(tunables or {})
         key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.D, problem.M,
                problem.cvtype, problem.dtype)
-        if key in self._modules:
+        if key in self._modules or key in self._ready:
             return True
         arch = self.device.arch
         cmd = nvcc_command()
@@ -501,6 +519,7 @@ class CudaBackend(Backend):
             src = render_source(v, t2, problem)
             if cache.lookup(src, ".cubin", keyparts, _binary_name(v, t2, problem), source_suffix=".cu") is None:
                 return False
+        self._ready.add(key)    # in the disk cache: stays so (entries are only ever added or rebuilt)
         return True
 
     def kernel(self, variant, tunables, problem: Problem) -> Kernel:

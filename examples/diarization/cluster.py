@@ -107,14 +107,14 @@ def majority_vote(frame_best: np.ndarray, n_clusters: int, seg_len: int) -> np.n
 
 
 def _row_argmax(rows: np.ndarray) -> np.ndarray:
-    """argmax over axis 0 of a (k, n) array (ties: lowest row), one contiguous pass per row: numpy's
-    axis-0 argmax copies the array into (n, k) first, and argmax along short rows is slow."""
-    best = rows[0].copy()
+    """argmax over axis 0 of a (k, n) array (ties: lowest row) in contiguous passes: the column
+    maxima, then each row from the last to the first marks where it reaches them (numpy's axis-0
+    argmax copies the array into (n, k) first, and argmax along short rows is slow)."""
+    top = rows.max(axis=0)
     arg = np.zeros(rows.shape[1], np.intp)
-    for j in range(1, rows.shape[0]):
-        better = rows[j] > best
-        np.copyto(best, rows[j], where=better)
-        arg[better] = j
+    for j in range(rows.shape[0] - 1, 0, -1):
+        np.copyto(arg, j, where=rows[j] == top)
+    np.copyto(arg, 0, where=rows[0] == top)
     return arg
 
 
@@ -150,7 +150,7 @@ def sliding_vote(loglik: np.ndarray, width: int) -> np.ndarray:
     if k == 1:
         return np.zeros(n, int)
     # Frame-wise scores relative to the frame's best bound the influence of outlier frames.
-    rows = loglik
+    rows = loglik.astype(np.float64, copy=False)
     c = _prefix(np.maximum(rows - rows.max(axis=0), -20.0))
     h = width // 2
     if n < width:
@@ -218,22 +218,21 @@ class Clusterer:
         rows, which is contiguous)."""
         X = self.X
         rows = self._map("score", lambda g: g.score(X), [(g,) for g in self.gmms])
-        return np.stack(rows).astype(np.float64, copy=False)
+        return np.stack(rows)
 
     def resegment(self):
         """Score, vote, drop clusters that won no block, retrain the others on their frames."""
         ll = self._loglik()
         k = len(self.gmms)
-        best = _row_argmax(ll)
         if self.p.vote == "block":
-            labels = majority_vote(best, k, self.p.seg_len)
+            labels = majority_vote(_row_argmax(ll), k, self.p.seg_len)
             alive = np.flatnonzero(np.bincount(labels, minlength=k))
         else:
             # A cluster must hold at least one vote length of frames to live (as a block vote
             # winner does); the smallest is dropped and the vote repeated without it.
             alive = np.arange(k)
             while True:
-                sub = _row_argmax(ll[alive])
+                sub = _row_argmax(ll if len(alive) == k else ll[alive])
                 lab_a = sliding_majority(sub, len(alive), self.p.seg_len)
                 cnt = np.bincount(lab_a, minlength=len(alive))
                 if cnt.min() >= self.p.seg_len or len(alive) == 1:
