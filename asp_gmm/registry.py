@@ -213,8 +213,15 @@ def all_variants() -> tuple:
 
 def variants(backend: str | None = None, phase: str | None = None) -> list:
     """Declared variants, optionally filtered by backend and phase."""
-    return [v for v in all_variants()
-            if (backend is None or v.backend == backend) and (phase is None or v.phase == phase)]
+    every = all_variants()
+    hit = _filtered.get((backend, phase))
+    if hit is None or hit[0] is not every:   # memoised per all_variants() result (tests reload it)
+        hit = _filtered[(backend, phase)] = (every, tuple(
+            v for v in every if (backend is None or v.backend == backend) and (phase is None or v.phase == phase)))
+    return list(hit[1])
+
+
+_filtered: dict = {}
 
 
 def get(backend: str, name: str, phase: str | None = None) -> Variant:
