@@ -103,10 +103,11 @@ class Plan:
 
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
-#: reason. C: V4 splits the events, so all cores work for any M (V3 idles cores when M is small);
+#: reason. C: VD (diagonal only) reads each event once per component with no scratch copies; V4 splits
+#: the events, so all cores work for any M (V3 idles cores when M is small);
 #: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
-    "c": ["V4", "V3", "BLAS", "V2", "V1"],
+    "c": ["VD", "V4", "V3", "BLAS", "V2", "V1"],
     "numpy": ["reference"],
 }
 

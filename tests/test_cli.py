@@ -33,7 +33,7 @@ def test_tune_records_every_timing_and_train_then_uses_them(db, tmp_path, capsys
                    "--json", str(js), "--quiet"])
     out = capsys.readouterr().out
     assert rc == 0
-    n_variants = len(registry.variants("c", "covariance"))
+    n_variants = len([v for v in registry.variants("c", "covariance") if "full" in v.cvtypes])
     assert History(db).count() == 8 * n_variants
     assert all(r.status == "ok" and r.repeats == 2 for r in History(db).rows())
     lines = [l for l in out.splitlines() if l.strip()[:1].isdigit() and len(l.split()) == 3 + n_variants + 2]
