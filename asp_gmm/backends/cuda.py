@@ -111,8 +111,10 @@ _DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "smem_optin": 2
 PAD_BELOW_WORK = 1e11
 #: Device bytes that read-only data sets may keep resident between sessions.
 RESIDENT_BYTES = 2 << 30
-#: Idle session buffers kept for reuse (the least recently released are freed first).
-POOL_IDLE = 8
+#: Idle session buffers kept for reuse, at most this many and this many bytes (the least recently
+#: released are freed first): an application alternating between a few dozen shapes keeps them all.
+POOL_IDLE = 32
+POOL_IDLE_BYTES = 1 << 30
 
 
 def component_class(M: int) -> int:
@@ -550,7 +552,7 @@ class CudaBackend(Backend):
     def _release(self, buf: "_Buffers"):
         with self._lock:
             self._pool.append(buf)
-            while len(self._pool) > POOL_IDLE:
+            while len(self._pool) > POOL_IDLE or sum(b.nbytes for b in self._pool) > POOL_IDLE_BYTES:
                 self._pool.pop(0).free()
 
     def _resident_xt(self, X: np.ndarray, problem: Problem, core_fn):
@@ -635,6 +637,8 @@ class _Buffers:
                 alloc = drv.mem_alloc
                 self.xt = None
                 self.xt_bytes = max(D * ldn * rs, 16)
+                self.nbytes = (self.xt_bytes + (M + 1) * ldn * rs + 32 * self.param_vec + 8 * M
+                               + 8 * self.mom_blocks * M * (D + 1) + 8 * M * cells)
                 self.resp = alloc(max(M * ldn * rs, 16))
                 self.logp = alloc(ldn * rs)
                 self.params = alloc(16 * self.param_vec)

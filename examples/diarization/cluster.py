@@ -132,9 +132,9 @@ def sliding_majority(frame_best: np.ndarray, n_clusters: int, width: int) -> np.
     placed where the majority flips instead of at the nearest block edge. Windows near the ends are
     shifted inside so that every window holds ``width`` frames (all frames when fewer)."""
     n = len(frame_best)
-    onehot = np.zeros((n_clusters, n), np.int32)
-    onehot[frame_best, np.arange(n)] = 1
-    c = _prefix(onehot)
+    onehot = frame_best == np.arange(n_clusters, dtype=frame_best.dtype)[:, None]   # (k, n) bool
+    c = np.zeros((n_clusters, n + 1), np.int32)
+    np.cumsum(onehot, axis=1, dtype=np.int32, out=c[:, 1:])
     w = min(width, n)
     # window j covers frames [j, j + w); frame i votes in window clip(i - width // 2, 0, n - w)
     winner = _row_argmax(c[:, w:] - c[:, :n - w + 1])
