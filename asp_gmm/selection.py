@@ -103,11 +103,12 @@ class Plan:
 
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
-#: reason. C: VD (diagonal only) reads each event once per component with no scratch copies; V4 splits
+#: reason. C: VF (diagonal, float64) needs no pass over the events of its own; VD (diagonal) reads each
+#: event once per component with no scratch copies; V4 splits
 #: the events, so all cores work for any M (V3 idles cores when M is small);
 #: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
-    "c": ["VD", "V4", "V3", "BLAS", "V2", "V1"],
+    "c": ["VF", "VD", "V4", "V3", "BLAS", "V2", "V1"],
     "numpy": ["reference"],
 }
 

@@ -17,9 +17,10 @@ SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N smaller than a tile, N not a mul
 TOL = {"float32": dict(rtol=1e-4, atol=1e-4), "float64": dict(rtol=1e-10, atol=1e-10)}
 
 
-def _skip_unless_declared(variant, cvtype):
-    if cvtype not in registry.get("c", variant, "covariance").cvtypes:
-        pytest.skip(f"{variant} does not implement {cvtype} covariance")
+def _skip_unless_declared(variant, cvtype, dtype):
+    v = registry.get("c", variant, "covariance")
+    if cvtype not in v.cvtypes or dtype not in v.dtypes:
+        pytest.skip(f"{variant} does not implement {cvtype} covariance in {dtype}")
 
 
 def _scale(a):
@@ -43,7 +44,7 @@ def _compare(g, ll, r, dtype):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
 def test_variant_matches_reference(variant, shape, cvtype, dtype, rng):
-    _skip_unless_declared(variant, cvtype)
+    _skip_unless_declared(variant, cvtype, dtype)
     N, D, M = shape
     X = make_blobs(rng, N, D, M, dtype=dtype)
     w, mu, cv = _init(rng, X, M, cvtype)
@@ -65,7 +66,7 @@ def test_variant_matches_reference(variant, shape, cvtype, dtype, rng):
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
 def test_variant_large_n(variant, cvtype, rng):
     """N = 200 000: the reduction over many tiles keeps float32 accuracy."""
-    _skip_unless_declared(variant, cvtype)
+    _skip_unless_declared(variant, cvtype, "float32")
     N, D, M = 200_000, 5, 3
     X = make_blobs(rng, N, D, M, dtype=np.float32)
     w, mu, cv = _init(rng, X, M, cvtype)
@@ -81,6 +82,7 @@ def test_large_offset_keeps_covariance(variant, rng):
     them; a one-pass sum of squares would lose every digit here."""
     N, D, M = 20_000, 6, 2
     cvtype = "full" if "full" in registry.get("c", variant, "covariance").cvtypes else "diag"
+    _skip_unless_declared(variant, cvtype, "float32")
     X = make_blobs(rng, N, D, M, offset=1000.0, dtype=np.float32)
     w, mu, cv = _init(rng, X, M, cvtype)
     r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 1, 1, 0.0)
@@ -105,7 +107,8 @@ def test_numpy_backend_is_the_reference(rng):
 @pytest.mark.parametrize("variant", [v.name for v in registry.variants("c", "covariance") if "diag" in v.cvtypes])
 def test_large_offset_diag(variant, dtype, rng):
     """Diagonal covariances of data far from the origin (X + 1000), in both precisions: the
-    diagonal-only variant must centre on the means as the others do."""
+    diagonal-only variants must centre on the means as the others do."""
+    _skip_unless_declared(variant, "diag", dtype)
     N, D, M = 20_000, 7, 3
     X = make_blobs(rng, N, D, M, offset=1000.0, dtype=dtype)
     w, mu, cv = _init(rng, X, M, "diag")
@@ -138,3 +141,49 @@ def test_vd_every_tunable_combination(shape, dtype, rng):
         tol = TOL[dtype]
         np.testing.assert_allclose(covars, r["covars"], rtol=tol["rtol"], atol=tol["atol"] * _scale(r["covars"]),
                                    err_msg=str(tun))
+
+
+def test_switching_between_moment_and_posterior_variants(rng):
+    """One session alternating VF (reads the E-step's moments, leaves the posteriors unwritten) with
+    variants that read the posteriors (as exploration does) gives a pure VD run's parameters, and
+    eval() afterwards returns the posteriors of the final parameters."""
+    from asp_gmm.backends import get_backend
+    from asp_gmm.problem import Problem
+    N, D, M = 3001, 7, 4
+    X = make_blobs(rng, N, D, M, dtype=np.float64)
+    w, mu, cv = _init(rng, X, M, "diag")
+    be, prob = get_backend("c"), Problem(N, D, M, "diag", "float64")
+    k = {n: be.kernel(registry.get("c", n, "covariance"), None, prob) for n in ("VD", "VF", "V4", "BLAS")}
+    with be.open(X, prob) as s:
+        s.set_params(w, mu, cv, 1e-6)
+        for name in ("VF", "V4", "VF", "BLAS", "VF", "VD"):
+            s.em(k[name], 1, 1, 0.0, 1e-6)
+        s.em(k["VF"], 1, 1, 0.0, 1e-6)
+        mixed, ll = s.params(), s.loglik()
+        logprob, post = s.eval()
+    r = ref.em(X, w, mu, cv, "diag", 1e-6, 7, 7, 0.0)
+    tol = TOL["float64"]
+    np.testing.assert_allclose(mixed[2], r["covars"], rtol=tol["rtol"], atol=tol["atol"] * _scale(r["covars"]))
+    np.testing.assert_allclose(mixed[1], r["means"], rtol=tol["rtol"], atol=tol["atol"] * _scale(r["means"]))
+    assert ll == pytest.approx(r["loglik"], rel=tol["rtol"])
+    rlp, rpost = ref.estep(X, *mixed, "diag")
+    np.testing.assert_allclose(logprob, rlp, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(post, rpost, atol=1e-9)
+
+
+@pytest.mark.parametrize("sigma", [1e-1, 1e-3, 1e-4])
+def test_moments_variant_keeps_accuracy_when_means_move_far(sigma, rng):
+    """VF's sums around the previous means cancel when a mean moves by many standard deviations
+    (here 4 / sigma of them, on X + 1000); past its limit the core redoes the step in two passes,
+    so one iteration still matches the reference as the two-pass variants do (without that,
+    sigma = 1e-4 loses six digits)."""
+    N, D, M = 4000, 3, 2
+    lab = rng.integers(0, 2, N)
+    X = np.where(lab[:, None] == 0, -5.0, 5.0) + sigma * rng.standard_normal((N, D)) + 1000.0
+    mu, cv, w = np.array([[999.0] * D, [1001.0] * D]), np.ones((M, D)), np.full(M, 0.5)
+    r = ref.em(X, w, mu, cv, "diag", 1e-12, 1, 1, 0.0)
+    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype="diag", dtype=np.float64, backend="c", variant="VF",
+            reg_covar=1e-12)
+    g.train(X, 1, 1, 0.0)
+    np.testing.assert_allclose(g.covars, r["covars"], rtol=1e-10)
+    np.testing.assert_allclose(g.means, r["means"], rtol=1e-12)

@@ -41,7 +41,7 @@ int asp_estep(asp_state *s);
 double asp_loglik(asp_state *s);
 int asp_bad_component(asp_state *s);
 const char *asp_error(asp_state *s);
-int asp_em(asp_state *s, void *cov_fn, int max_iters, int min_iters, double tol, double reg_covar,
+int asp_em(asp_state *s, void *cov_fn, int moments, int max_iters, int min_iters, double tol, double reg_covar,
            double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds,
            double *ll_trace);
 int asp_covariance(const void *view, double *acc);
@@ -136,7 +136,7 @@ class CBackend(Backend):
                     v = registry.get("c", "core", "core")
                     src = registry.render(v, None, _class_problem(problem), **self._context(problem))
                     lib, _ = self._build(src, f"c-core-{problem.cvtype}-{problem.dtype}")
-                    if lib.asp_abi() != 2:
+                    if lib.asp_abi() != 3:
                         raise KernelError("EM core ABI mismatch; clear the cache folder")
                     self._cores[key] = lib
         return lib
@@ -239,6 +239,7 @@ class CSession(Session):
         lib.asp_set_threads(state, threads_for(problem))
         self._callbacks = {}
         self._stale = True
+        self._resp_written = False
         self._error = None
 
     def close(self):
@@ -251,6 +252,7 @@ class CSession(Session):
         self.covars[:] = covars
         self._check(self._lib.asp_set_params(self._state, float(reg_covar)), reg_covar)
         self._stale = True
+        self._resp_written = False
 
     def params(self):
         return self.weights.copy(), self.means.copy(), self.covars.copy()
@@ -322,25 +324,30 @@ class CSession(Session):
         n = max(int(max_iters), 1)
         it_s, cov_s, trace = np.zeros(n), np.zeros(n), np.zeros(n + 1)
         ll, iters, conv = ffi.new("double *"), ffi.new("int *"), ffi.new("int *")
-        rc = self._lib.asp_em(self._state, self._fn(kernel), int(max_iters), int(min_iters), float(tol),
-                              float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s), _dptr(trace))
+        moments = _wants_moments(kernel.variant, self.problem)
+        self._resp_written = False
+        rc = self._lib.asp_em(self._state, self._fn(kernel), int(moments), int(max_iters), int(min_iters),
+                              float(tol), float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s),
+                              _dptr(trace))
         self._check(rc, reg_covar)
         self._stale = False
+        self._resp_written = not moments
         k = iters[0]
         return EMRun(float(ll[0]), k, bool(conv[0]), it_s[:k].tolist(), cov_s[:k].tolist(),
                      trace[:k + 1].tolist())
 
-    def _estep(self):
-        if self._stale:
+    def _estep(self, need_resp: bool = False):
+        if self._stale or (need_resp and not self._resp_written):
             self._check(self._lib.asp_estep(self._state))
             self._stale = False
+            self._resp_written = True
 
     def loglik(self) -> float:
         self._estep()
         return float(self._lib.asp_loglik(self._state))
 
     def eval(self, want_resp: bool = True):
-        self._estep()
+        self._estep(need_resp=True)
         N, M = self.problem.N, self.problem.M
         logprob = self.logprob_t[:N].copy()
         resp = None
@@ -358,6 +365,12 @@ def _single_threaded_blas():
         return
     with threadpool_limits(1, user_api="blas"):
         yield
+
+
+def _wants_moments(variant, problem: Problem) -> bool:
+    """Whether ``variant`` reads the E-step's shifted moments instead of the posteriors (its
+    manifest says ``estep_moments = true``; diagonal covariance only)."""
+    return bool(variant.extra.get("estep_moments", False)) and problem.cvtype == "diag"
 
 
 def _dptr(a: np.ndarray):
