@@ -244,7 +244,7 @@ class Clusterer:
         labels = remap[labels]
         self.gmms = [self.gmms[i] for i in alive]
         # One stable sort gives every cluster a contiguous slice of the frames.
-        order = np.argsort(labels, kind="stable")
+        order = np.argsort(labels.astype(np.int16), kind="stable")   # radix sort for 16-bit keys
         Xs = self.X[order]
         edges = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=len(alive)))])
         self.data = [Xs[edges[i]:edges[i + 1]] for i in range(len(alive))]
