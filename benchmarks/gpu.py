@@ -31,6 +31,11 @@ SWEEP = {"V3": [{"threads": 128}, {"threads": 256}, {"tile": 2}],
          "V4": [{"blocks": 264}, {"blocks": 528}, {"blocks": 264, "tile": 2}, {"blocks": 528, "tile": 2},
                 {"blocks": 528, "tile": 2, "threads": 128}]}
 REG = 1e-6
+#: E-step tunables timed beside the default by bench_iteration (E alone), per covariance type
+ESTEP_SWEEP = {"full": [{"rows": 1, "comps": 16}, {"cols": 8}],
+               "diag": [{"rows": 1}, {"dcomps": 128}]}
+#: covariance-variant tunables whose covariance phase bench_iteration times beside the default (sweep)
+COV_SWEEP = {"full": [{"events": 16}], "diag": []}
 
 
 
@@ -131,12 +136,13 @@ def bench_asp(X, params, cvtype, iters, log):
 PEAK_FLOPS, PEAK_BW = 51e12, 3e12   # H100 fp32 SGEMM and device copy (shared/gpu/README.md)
 
 
-def bench_iteration(X, params, cvtype, iters, log, variant="V5"):
+def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
     """What GMM(..., backend="cuda").train runs per EM iteration: the covariance variant ``variant`` with
     its default tunables and the backend's default E-step. CUDA-event medians over ``iters`` iterations of
     one em() call (whole iteration and its phases: moments + means, covariance, factor + E-step), the
     E-step alone, host wall per iteration of em(), and GMM.train's wall per iteration as the difference
-    of two train() calls (k1, k2 iterations: upload, selection and the first E-step cancel)."""
+    of two train() calls (k1, k2 iterations: upload, selection and the first E-step cancel). ``sweep``:
+    the E-step alone with the tunables of ESTEP_SWEEP too."""
     from asp_gmm import GMM
     from asp_gmm.backends.cuda import CudaBackend
     from asp_gmm.problem import Problem
@@ -152,6 +158,16 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5"):
         out["variant"] = k.label
         s.set_params(*params, REG)
         out["estep_ms"] = time_estep(s, iters)
+        if sweep:
+            default, (ev, _) = s.estep_mod, be.estep_variant(p)
+            out["estep_sweep"] = {}
+            for tun in ESTEP_SWEEP.get(cvtype, []):
+                try:
+                    s.estep_mod = be.estep(p, ev, tun)
+                    out["estep_sweep"][str(tun)] = time_estep(s, iters)
+                except Exception as exc:  # noqa: BLE001 - a tunable the limits exclude, say
+                    out["estep_sweep"][str(tun)] = repr(exc)[:120]
+            s.estep_mod = default
         s.em(k, 1, 1, 0.0, REG)                              # warm-up
         s.set_params(*params, REG)
         t0 = time.perf_counter()
@@ -161,6 +177,16 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5"):
         ph = list(zip(*s.phase_seconds))
         out["sums_ms"], out["cov_ms"], out["fe_ms"] = (1e3 * statistics.median(x) for x in ph)
         out["loglik"] = run.loglik
+        for tun in COV_SWEEP.get(cvtype, []) if sweep else []:
+            try:
+                k2 = be.kernel(v, tun, p)
+                s.set_params(*params, REG)
+                s.em(k2, 1, 1, 0.0, REG)
+                s.set_params(*params, REG)
+                s.em(k2, iters, iters, 0.0, REG)
+                out.setdefault("cov_sweep", {})[str(tun)] = 1e3 * statistics.median(list(zip(*s.phase_seconds))[1])
+            except Exception as exc:  # noqa: BLE001
+                out.setdefault("cov_sweep", {})[str(tun)] = repr(exc)[:120]
     finally:
         s.close()
     Xr = X.copy()
@@ -313,6 +339,23 @@ def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
         torch.cuda.empty_cache()
 
 
+def profile_once(X, params, cvtype, variant="V5"):
+    """Two EM iterations through the backend and nothing else, for a profiler (ncu -k ...): the
+    kernels of what train() runs, the first iteration loading the binaries."""
+    from asp_gmm.backends.cuda import CudaBackend
+    from asp_gmm.problem import Problem
+    N, D = X.shape
+    be = CudaBackend()
+    p = Problem(N, D, params[0].shape[0], cvtype, "float32")
+    s = be.open(X, p)
+    try:
+        k = be.kernel(registry.get("cuda", variant, "covariance"), {}, p)
+        s.set_params(*params, REG)
+        s.em(k, 2, 2, 0.0, REG)
+    finally:
+        s.close()
+
+
 # ------------------------------------------------------------------------------------------ main
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -323,9 +366,20 @@ def main(argv=None):
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch and torchgmm columns")
     ap.add_argument("--iteration-only", action="store_true",
                     help="only the per-EM-iteration table (V5 + default E-step, what train() runs), no V1-V4 sweep")
+    ap.add_argument("--estep-sweep", action="store_true",
+                    help="also time the E-step alone with the tunables of ESTEP_SWEEP")
+    ap.add_argument("--profile", action="store_true",
+                    help="only two EM iterations per shape and covariance type (run under ncu)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench.json"))
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
+    if a.profile:
+        rng = np.random.default_rng(2026)
+        for (N, D, M) in shapes:
+            X = blobs(rng, N, D, M)
+            for cvtype in a.cvtypes.split(","):
+                profile_once(X, init_params(rng, X, M, cvtype), cvtype)
+        return True
 
     def log(msg):
         print(msg, flush=True)
@@ -349,7 +403,7 @@ def main(argv=None):
             rec = dict(N=N, D=D, M=M, cvtype=cvtype)
             rec["asp"] = [] if a.iteration_only else bench_asp(X, params, cvtype, a.iters, log)
             try:
-                rec["iteration"] = bench_iteration(X, params, cvtype, max(a.iters, 10), log)
+                rec["iteration"] = bench_iteration(X, params, cvtype, max(a.iters, 10), log, sweep=a.estep_sweep)
             except Exception as exc:  # noqa: BLE001 - reported in the table, not fatal
                 rec["iteration"] = dict(error=repr(exc)[:300])
                 log(f"    iteration ERROR {rec['iteration']}")
@@ -438,6 +492,10 @@ def print_iteration_table(results):
               f"{f(it.get('em_wall_ms'))} {f(it.get('train_wall_ms'), 8)} | {pc(it.get('cov_frac'))} "
               f"{pc(it.get('sums_bw')):>6} {pc(it.get('estep_frac'))} | {f(t.get('iter_ms'), 8, 2)} "
               f"{f(tg.get('iter_ms'), 8, 1)} {f(speed, 7, 1)} | {it.get('variant', '-')} / {it.get('estep', '-')}")
+        for tun, ms in it.get("estep_sweep", {}).items():
+            print(f"{'':>26}   E alone with {tun}: {f(ms)}")
+        for tun, ms in it.get("cov_sweep", {}).items():
+            print(f"{'':>26}   covariance with {tun}: {f(ms)}")
 
 
 if __name__ == "__main__":
