@@ -5,19 +5,12 @@
 # the second under cProfile.
 #   source .gpu/device-env.sh && MINUTES=60 bash scripts/gpu_profile_diarization.sh
 set -u
-OUT=${OUT:-/tmp/o}; mkdir -p $OUT
 MINUTES=${MINUTES:-60}
-export ASP_GMM_CACHE_DIR=/tmp/asp_gmm_cache ASP_GMM_DB=sqlite:////tmp/h.sqlite PYTHONUNBUFFERED=1
-mkdir -p $ASP_GMM_CACHE_DIR; cp -r .gpu_cache/. $ASP_GMM_CACHE_DIR/
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > $OUT/install.log 2>&1 || { tail $OUT/install.log; exit 1; }
+source scripts/gpu_common.sh
 if [ -n "${TESTS:-}" ]; then
   timeout 240 python3 -m pytest -q -x tests/test_cuda_gpu.py -k "$TESTS" 2>&1 | tail -5
 fi
-python3 -c "
-import sys; sys.path.insert(0,'benchmarks'); import diarization as b
-from pathlib import Path
-open('/tmp/long_path', 'w').write(str(b.build_long($MINUTES, [Path('examples/diarization/data/meeting.flac')])))" >/dev/null
-W=$(cat /tmp/long_path)
+W=$(long_meeting $MINUTES)
 R=${W%.wav}.rttm
 for run in 1 2; do
   if [ $run = 2 ]; then PROF="-m cProfile -o $OUT/prof.out"; else PROF=""; fi
