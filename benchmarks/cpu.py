@@ -102,6 +102,8 @@ def main(argv=None):
             if a.skip_slow and v.name in ("V1", "V2") and work > 5e10:
                 continue
             for dt in (["float32", "float64"] if a.float64 else ["float32"]):
+                if a.cvtype not in v.cvtypes or dt not in v.dtypes:
+                    continue  # e.g. VD and VF are diagonal only, VF float64 only
                 Xd = X if dt == "float32" else X.astype(np.float64)
                 it, cov = time_variant(backend, v, Xd, params, a.cvtype, a.iters)
                 row["variants"][f"{v.name}/{dt}"] = (it, cov)
