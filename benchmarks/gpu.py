@@ -33,7 +33,7 @@ SWEEP = {"V3": [{"threads": 128}, {"threads": 256}, {"tile": 2}],
 REG = 1e-6
 #: E-step tunables timed beside the default by bench_iteration (E alone), per covariance type
 ESTEP_SWEEP = {"full": [{"rows": 1, "comps": 16}, {"cols": 8}],
-               "diag": [{"rows": 1}, {"dcomps": 128}]}
+               "diag": [{"rows": 1}, {"dcomps": 32}]}
 #: covariance-variant tunables whose covariance phase bench_iteration times beside the default (sweep)
 COV_SWEEP = {"full": [{"events": 16}], "diag": []}
 
