@@ -9,9 +9,9 @@ template to C or CUDA, compiles and caches it, and runs the whole EM loop in com
 __version__ = "0.1.0"
 
 from .errors import CompileError, NotPositiveDefiniteError  # noqa: E402,F401
-from .gmm import GMM, compute_distance_BIC  # noqa: E402
+from .gmm import GMM, compute_distance_BIC, prepare  # noqa: E402
 
-__all__ = ["GMM", "compute_distance_BIC", "CompileError", "NotPositiveDefiniteError", "__version__"]
+__all__ = ["GMM", "compute_distance_BIC", "prepare", "CompileError", "NotPositiveDefiniteError", "__version__"]
 
 
 def __getattr__(name):

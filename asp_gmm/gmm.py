@@ -13,7 +13,7 @@ from . import frozen
 from .problem import Problem
 from .specializer import Specializer
 
-__all__ = ["GMM", "compute_distance_BIC"]
+__all__ = ["GMM", "compute_distance_BIC", "prepare"]
 
 
 def _as_dtype(dtype) -> np.dtype:
@@ -237,6 +237,39 @@ class GMM:
     def __repr__(self):
         return (f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, "
                 f"backend={self.backend!r})")
+
+
+def prepare(D, M, cvtype="full", dtype=np.float32, backend="auto", N=10_000):
+    """Compile, or load from the cache, what ``train``/``score`` of these shapes will run, so that
+    the first real calls do not pay for it (e.g. before starting a clock, or before a batch of many
+    small models of varying M).
+
+    Parameters
+    ----------
+    D : int
+    M : int or iterable of int
+        Component counts to prepare.
+    cvtype : {"full", "diag"}
+    dtype : {np.float32, np.float64}
+    backend : {"auto", "c", "numpy", "cuda"}
+    N : int
+        Typical number of events: on the GPU, small problems share the binaries of their component
+        class, and N decides what is small.
+
+    Returns
+    -------
+    int
+        Configurations (variant and tunables) ready, over all M.
+    """
+    Ms = [M] if isinstance(M, numbers.Integral) else list(M)
+    for name, val in [("D", D), ("N", N)] + [("M", m) for m in Ms]:
+        if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    if cvtype not in ("full", "diag"):
+        raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+    spec = Specializer(backend)
+    dt = _as_dtype(dtype).name
+    return sum(spec.prepare(Problem(int(N), int(D), int(m), cvtype, dt)) for m in Ms)
 
 
 def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X, X1=None, X2=None, min_em_iters=1, max_em_iters=10, tol=1e-3):

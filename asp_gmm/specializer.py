@@ -194,6 +194,15 @@ class Specializer:
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
                            time.perf_counter() - t_start, trace)
 
+    def prepare(self, problem: Problem, variant: str | None = None) -> int:
+        """Compile or load every candidate configuration for ``problem`` and the backend's other
+        modules; returns how many configurations are ready. A compile failure is recorded as in a
+        real call (and not retried)."""
+        sel = self.selector
+        ready = sum(self._kernel(cfg, problem, sel) is not None for cfg in self.candidates(problem, variant))
+        self.backend.prepare(problem)
+        return ready
+
     def _kernel(self, cfg: Config, problem: Problem, sel, reraise: bool = False):
         try:
             return self.backend.kernel(cfg.variant, cfg.params, problem)

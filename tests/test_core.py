@@ -320,3 +320,15 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     monkeypatch.setattr(specializer, "EXPLORE_COMPILE_WORK", 0)
     g.train(X, max_em_iters=4, tol=0)
     assert [e.split("(")[0] for e in g.last_train.explored] == ["V1", "V2"]
+
+
+def test_prepare_loads_every_candidate_and_checks_its_arguments():
+    import asp_gmm
+    n = asp_gmm.prepare(5, [1, 3, 7], cvtype="diag", dtype=np.float64, backend="c")
+    assert n >= 3                      # at least one configuration per M
+    assert asp_gmm.prepare(4, 2, backend="numpy") >= 1
+    for bad in (dict(D=0, M=2), dict(D=3, M=[2, -1]), dict(D=3, M=2, N=0)):
+        with pytest.raises(ValueError, match="positive integer"):
+            asp_gmm.prepare(**bad)
+    with pytest.raises(ValueError, match="cvtype"):
+        asp_gmm.prepare(3, 2, cvtype="tied")

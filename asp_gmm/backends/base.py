@@ -149,6 +149,10 @@ class Backend(abc.ABC):
         """Whether :meth:`kernel` would return without compiling (loaded, or in the disk cache)."""
         return True
 
+    def prepare(self, problem: Problem) -> None:
+        """Load (compiling if needed) what every session for ``problem`` runs besides the covariance
+        variant (an EM core, an E-step), so that the first real call does not pay for it."""
+
     @abc.abstractmethod
     def open(self, X: np.ndarray, problem: Problem) -> Session:
         """Open a session over ``X`` ((N, D), C-contiguous, of ``problem.dtype``)."""

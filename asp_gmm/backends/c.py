@@ -173,6 +173,9 @@ class CBackend(Backend):
         key = [cache.tool_version(cc), " ".join(FLAGS), _cpu()["model"], ",".join(_cpu()["isa"]), sys.platform]
         return cc, key
 
+    def prepare(self, problem: Problem) -> None:
+        self.core(problem)
+
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         tun = variant.default_tunables()
         tun.update(tunables or {})

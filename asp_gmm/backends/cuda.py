@@ -501,6 +501,11 @@ class CudaBackend(Backend):
             variant, tunables = self.estep_variant(problem)
         return self._load(variant, tunables, problem, {"*": ESTEP_ARGS})
 
+    def prepare(self, problem: Problem) -> None:
+        bp = binary_problem(problem)
+        self.core(bp)
+        self.estep(bp)
+
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         """True when this variant, the EM core and the E-step for the problem's class are loaded or
         their cubins are cached (sources depend on D and M here, so a new M class means compiling)."""

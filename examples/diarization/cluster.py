@@ -38,6 +38,14 @@ class ClusterParams:
     n_jobs: int = 1             # independent GMM calls (clusters, pairs) run on this many threads
     dtype: type = np.float32
 
+    @property
+    def max_components(self) -> int:
+        """The most components a model can have: a merged model of two of the largest, or, as in
+        the seed (no growth), all initial clusters merged into one."""
+        if self.frames_per_component > 0 and self.max_model_components > 0:
+            return 2 * max(self.n_components, self.max_model_components)
+        return self.n_init * self.n_components
+
 
 @dataclass
 class Profile:
@@ -65,27 +73,33 @@ class Backend:
         if name == "sklearn":
             import sklearn_gmm as api
             self._GMM, self._bic = api.GMM, api.compute_distance_BIC
+            self._prepare = None
             self._kw = {}
         else:
             try:
                 try:
-                    from asp_gmm import GMM, compute_distance_BIC
+                    from asp_gmm import GMM, compute_distance_BIC, prepare
                 except ImportError:
                     # Run from a source checkout without installing: the package is two levels up.
                     import sys
                     from pathlib import Path
                     sys.path.append(str(Path(__file__).resolve().parents[2]))
-                    from asp_gmm import GMM, compute_distance_BIC
+                    from asp_gmm import GMM, compute_distance_BIC, prepare
             except ImportError as e:
                 raise DiarizationError(f"backend {name!r} needs the asp_gmm package ({e}); "
                                        "install it (pip install -e .) or use --backend sklearn") from None
-            self._GMM, self._bic = GMM, compute_distance_BIC
+            self._GMM, self._bic, self._prepare = GMM, compute_distance_BIC, prepare
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
                 self.name = f"auto:{GMM(1, 1, backend='auto').backend}"
 
     def GMM(self, *a, **kw):
         return self._GMM(*a, **kw, **self._kw)
+
+    def prepare(self, D, Ms, N, cvtype, dtype):
+        """Load (or compile) the code for models of these component counts ahead of the run."""
+        if self._prepare is not None:
+            self._prepare(D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
 
     def bic(self, g1, g2, X, em_iters):
         """compute_distance_BIC on the union X of both clusters' frames. L(g1), L(g2) are the

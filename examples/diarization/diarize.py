@@ -85,11 +85,13 @@ def warm_up_features():
     compute_features(np.random.default_rng(0).standard_normal(48000).astype(np.float32), 16000)
 
 
-def warm_up_gmm(backend_name: str, params):
-    """Let the GMM implementation load (and asp_gmm compile its variants) before the clock runs."""
+def warm_up_gmm(backend_name: str, params, n_frames: int = 10_000):
+    """Let the GMM implementation load (and asp_gmm compile or load the code for every model size
+    the clustering can reach) before the clock runs."""
     import numpy as np
     from cluster import Backend
     be = Backend(backend_name)
+    be.prepare(19, range(1, params.max_components + 1), n_frames, params.cvtype, params.dtype)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((600, 19)).astype(params.dtype)
     g1 = be.GMM(params.n_components, 19, cvtype=params.cvtype, dtype=params.dtype,
@@ -193,7 +195,7 @@ def diarize(audio_path, args, log=print):
                                f"than one voting segment ({params.seg_len / FRAME_RATE:.2f} s)")
     # The one-time loading/compilation of the GMM code is not part of the processing time.
     t0 = time.perf_counter()
-    be = warm_up_gmm(backend_name, params)
+    be = warm_up_gmm(backend_name, params, n_speech)
     t_gmm_warm = time.perf_counter() - t0
     t_warm += t_gmm_warm
     Xs = feats.mfcc[feats.speech]
