@@ -38,3 +38,23 @@ def init_params(rng, X, M, cvtype):
     covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
     w = rng.uniform(0.5, 1.5, M)
     return w / w.sum(), means, covars
+
+
+def train_vs_reference(rng, X, M, cvtype, iters, **gmm_kw):
+    """Train a GMM for exactly ``iters`` EM iterations from fresh :func:`init_params`, and run the
+    float64 reference from the same parameters: ``(model, its log-likelihood, reference result)``.
+    ``gmm_kw`` go to :class:`asp_gmm.GMM` (backend, variant, dtype...)."""
+    from asp_gmm import GMM
+    from asp_gmm import reference as ref
+    w, mu, cv = init_params(rng, X, M, cvtype)
+    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, iters, iters, 0.0)
+    g = GMM(M, X.shape[1], means=mu, covars=cv, weights=w, cvtype=cvtype, **gmm_kw)
+    ll = g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
+    return g, ll, r
+
+
+def reference_estep(g, X):
+    """The float64 reference E-step ``(logprob (N,), posteriors (N, M))`` under g's parameters."""
+    from asp_gmm import reference as ref
+    return ref.estep(X.astype(np.float64), g.weights.astype(np.float64), g.means.astype(np.float64),
+                     g.covars.astype(np.float64), g.cvtype)

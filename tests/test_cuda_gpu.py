@@ -13,7 +13,7 @@ from asp_gmm import GMM, registry
 from asp_gmm import reference as ref
 from asp_gmm.errors import KernelError, NotPositiveDefiniteError
 from asp_gmm.problem import Problem
-from conftest import init_params as _init, make_blobs
+from conftest import init_params as _init, make_blobs, reference_estep, train_vs_reference
 
 cuda_mod = pytest.importorskip("asp_gmm.backends.cuda")
 REASON = cuda_mod.CudaBackend.unavailable_reason()
@@ -57,15 +57,11 @@ def test_variant_matches_reference(variant, shape, cvtype, rng):
     if not _allowed(variant, N, D, M, cvtype, dtype):
         pytest.skip(f"{variant} declares it cannot run {shape} {cvtype}")
     X = make_blobs(rng, N, D, M, dtype=dtype)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=dtype, backend="cuda", variant=variant)
-    ll = g.train(X, min_em_iters=2, max_em_iters=2, tol=0.0)
+    g, ll, r = train_vs_reference(rng, X, M, cvtype, 2, dtype=dtype, backend="cuda", variant=variant)
     assert g.n_iter == 2 and g.last_variant.startswith(variant)
     _compare(g, ll, r, dtype)
     logprob, post = g.eval(X)
-    rlp, rpost = ref.estep(X.astype(np.float64), g.weights.astype(np.float64), g.means.astype(np.float64),
-                           g.covars.astype(np.float64), cvtype)
+    rlp, rpost = reference_estep(g, X)
     np.testing.assert_allclose(logprob, rlp, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(post, rpost, atol=1e-3)
 
@@ -119,14 +115,10 @@ def test_estep_variant_matches_reference(estep, shape, cvtype, rng, monkeypatch)
         pytest.skip(f"{estep} declares it cannot run {shape} {cvtype}")
     monkeypatch.setenv("ASP_GMM_CUDA_ESTEP", estep)
     X = make_blobs(rng, N, D, M, dtype=np.float32)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype="float32", backend="cuda", variant="V4")
-    ll = g.train(X, min_em_iters=2, max_em_iters=2, tol=0.0)
+    g, ll, r = train_vs_reference(rng, X, M, cvtype, 2, dtype="float32", backend="cuda", variant="V4")
     _compare(g, ll, r, "float32")
     logprob, post = g.eval(X)
-    rlp, rpost = ref.estep(X.astype(np.float64), g.weights.astype(np.float64), g.means.astype(np.float64),
-                           g.covars.astype(np.float64), cvtype)
+    rlp, rpost = reference_estep(g, X)
     np.testing.assert_allclose(logprob, rlp, rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(post, rpost, atol=1e-3)
 
@@ -138,10 +130,7 @@ def test_variant_float64(variant, cvtype, rng):
     if not _allowed(variant, N, D, M, cvtype, "float64"):
         pytest.skip(f"{variant} declares it cannot run float64")
     X = make_blobs(rng, N, D, M, dtype=np.float64)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X, w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=np.float64, backend="cuda", variant=variant)
-    ll = g.train(X, min_em_iters=2, max_em_iters=2, tol=0.0)
+    g, ll, r = train_vs_reference(rng, X, M, cvtype, 2, dtype=np.float64, backend="cuda", variant=variant)
     _compare(g, ll, r, "float64")
 
 
@@ -153,10 +142,7 @@ def test_variant_one_million_events(variant, cvtype, rng):
     if not _allowed(variant, N, D, M, cvtype, "float32"):
         pytest.skip(f"{variant} declares it cannot run N=1e6, D=5, M=3 {cvtype}")
     X = make_blobs(rng, N, D, M, dtype=np.float32)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 1, 1, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=np.float32, backend="cuda", variant=variant)
-    ll = g.train(X, 1, 1, 0.0)
+    g, ll, r = train_vs_reference(rng, X, M, cvtype, 1, dtype=np.float32, backend="cuda", variant=variant)
     _compare(g, ll, r, "float32")
 
 
@@ -168,10 +154,7 @@ def test_large_offset_and_large_d(variant, rng):
     if not _allowed(variant, N, D, M, "full", "float32"):
         pytest.skip("declared limit")
     X = make_blobs(rng, N, D, M, offset=100.0, dtype=np.float32)
-    w, mu, cv = _init(rng, X, M, "full")
-    r = ref.em(X.astype(np.float64), w, mu, cv, "full", 1e-6, 1, 1, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype="full", dtype=np.float32, backend="cuda", variant=variant)
-    ll = g.train(X, 1, 1, 0.0)
+    g, ll, r = train_vs_reference(rng, X, M, "full", 1, dtype=np.float32, backend="cuda", variant=variant)
     s = float(np.max(np.abs(r["covars"])))
     np.testing.assert_allclose(g.covars, r["covars"], rtol=1e-3, atol=1e-3 * s)
     assert ll == pytest.approx(r["loglik"], rel=1e-3)
@@ -285,10 +268,7 @@ def test_pooled_buffers_and_padding_over_varying_n_and_m(cvtype, rng):
         X = make_blobs(rng, N, D, M, dtype=np.float32)
         if N % 2:
             X.flags.writeable = False
-        w, mu, cv = _init(rng, X, M, cvtype)
-        r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
-        g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, backend="cuda")
-        ll = g.train(X, min_em_iters=2, max_em_iters=2, tol=0.0)
+        g, ll, r = train_vs_reference(rng, X, M, cvtype, 2, backend="cuda")
         assert g.weights.shape == (M,) and g.means.shape == (M, D)
         assert g.weights.sum() == pytest.approx(1.0, abs=1e-5)
         _compare(g, ll, r, "float32")

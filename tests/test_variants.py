@@ -4,7 +4,7 @@ import pytest
 
 from asp_gmm import GMM, registry
 from asp_gmm import reference as ref
-from conftest import init_params as _init, make_blobs
+from conftest import init_params as _init, make_blobs, reference_estep, train_vs_reference
 
 CPU_VARIANTS = [v.name for v in registry.variants("c", "covariance")]
 SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N smaller than a tile, N not a multiple of a tile
@@ -47,16 +47,12 @@ def test_variant_matches_reference(variant, shape, cvtype, dtype, rng):
     _skip_unless_declared(variant, cvtype, dtype)
     N, D, M = shape
     X = make_blobs(rng, N, D, M, dtype=dtype)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=dtype, backend="c", variant=variant)
-    ll = g.train(X, min_em_iters=2, max_em_iters=2, tol=0.0)
+    g, ll, r = train_vs_reference(rng, X, M, cvtype, 2, dtype=dtype, backend="c", variant=variant)
     assert g.n_iter == 2 and g.last_variant.startswith(variant)
     _compare(g, ll, r, dtype)
     # the E-step outputs too
     logprob, post = g.eval(X)
-    rlp, rpost = ref.estep(X.astype(np.float64), g.weights.astype(np.float64), g.means.astype(np.float64),
-                           g.covars.astype(np.float64), cvtype)
+    rlp, rpost = reference_estep(g, X)
     tol = TOL[dtype]
     np.testing.assert_allclose(logprob, rlp, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
     np.testing.assert_allclose(post, rpost, atol=tol["atol"] * 10)
@@ -69,10 +65,7 @@ def test_variant_large_n(variant, cvtype, rng):
     _skip_unless_declared(variant, cvtype, "float32")
     N, D, M = 200_000, 5, 3
     X = make_blobs(rng, N, D, M, dtype=np.float32)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 1, 1, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=np.float32, backend="c", variant=variant)
-    ll = g.train(X, 1, 1, 0.0)
+    g, ll, r = train_vs_reference(rng, X, M, cvtype, 1, dtype=np.float32, backend="c", variant=variant)
     _compare(g, ll, r, "float32")
 
 
@@ -84,21 +77,14 @@ def test_large_offset_keeps_covariance(variant, rng):
     cvtype = "full" if "full" in registry.get("c", variant, "covariance").cvtypes else "diag"
     _skip_unless_declared(variant, cvtype, "float32")
     X = make_blobs(rng, N, D, M, offset=1000.0, dtype=np.float32)
-    w, mu, cv = _init(rng, X, M, cvtype)
-    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 1, 1, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=np.float32, backend="c",
-            variant=variant)
-    g.train(X, 1, 1, 0.0)
+    g, _, r = train_vs_reference(rng, X, M, cvtype, 1, dtype=np.float32, backend="c", variant=variant)
     np.testing.assert_allclose(g.covars, r["covars"], rtol=2e-3, atol=2e-3 * _scale(r["covars"]))
 
 
 def test_numpy_backend_is_the_reference(rng):
     N, D, M = 700, 4, 3
     X = make_blobs(rng, N, D, M)
-    w, mu, cv = _init(rng, X, M, "full")
-    r = ref.em(X, w, mu, cv, "full", 1e-6, 3, 3, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, dtype=np.float64, backend="numpy")
-    ll = g.train(X, 3, 3, 0.0)
+    g, ll, r = train_vs_reference(rng, X, M, "full", 3, dtype=np.float64, backend="numpy")
     assert ll == pytest.approx(r["loglik"], rel=1e-12)
     np.testing.assert_allclose(g.covars, r["covars"], rtol=1e-12)
 
@@ -111,10 +97,7 @@ def test_large_offset_diag(variant, dtype, rng):
     _skip_unless_declared(variant, "diag", dtype)
     N, D, M = 20_000, 7, 3
     X = make_blobs(rng, N, D, M, offset=1000.0, dtype=dtype)
-    w, mu, cv = _init(rng, X, M, "diag")
-    r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 2, 2, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype="diag", dtype=dtype, backend="c", variant=variant)
-    g.train(X, 2, 2, 0.0)
+    g, _, r = train_vs_reference(rng, X, M, "diag", 2, dtype=dtype, backend="c", variant=variant)
     rtol = 2e-3 if dtype == "float32" else 1e-8
     np.testing.assert_allclose(g.covars, r["covars"], rtol=rtol, atol=rtol * _scale(r["covars"]))
 
