@@ -213,15 +213,28 @@ def all_variants() -> tuple:
 
 def variants(backend: str | None = None, phase: str | None = None) -> list:
     """Declared variants, optionally filtered by backend and phase."""
+    return list(_per_declaration(("variants", backend, phase), lambda every: tuple(
+        v for v in every if (backend is None or v.backend == backend) and (phase is None or v.phase == phase))))
+
+
+def limits_name_n(backend: str, phase: str) -> bool:
+    """Whether any ``phase`` variant of ``backend`` has a limit that depends on N: when none does,
+    which of them allow a problem does not change with N, and callers may memoise by shape."""
+    return _per_declaration(("names_n", backend, phase),
+                            lambda every: any(v.limits_name_n for v in variants(backend, phase)))
+
+
+def _per_declaration(key, compute):
+    """``compute(all_variants())``, memoised for the current result of :func:`all_variants` (asked on
+    every train call; tests reload the declarations)."""
     every = all_variants()
-    hit = _filtered.get((backend, phase))
-    if hit is None or hit[0] is not every:   # memoised per all_variants() result (tests reload it)
-        hit = _filtered[(backend, phase)] = (every, tuple(
-            v for v in every if (backend is None or v.backend == backend) and (phase is None or v.phase == phase)))
-    return list(hit[1])
+    hit = _memo.get(key)
+    if hit is None or hit[0] is not every:
+        hit = _memo[key] = (every, compute(every))
+    return hit[1]
 
 
-_filtered: dict = {}
+_memo: dict = {}
 
 
 def get(backend: str, name: str, phase: str | None = None) -> Variant:

@@ -133,7 +133,7 @@ class Backend(abc.ABC):
     def selection_key(self, problem: Problem) -> Problem:
         """What decides which variants can run ``problem`` on this backend: the problem with N set to
         0 when no covariance variant's limits name N (memo key for the specializer)."""
-        if any(v.limits_name_n for v in registry.variants(self.name, "covariance")):
+        if registry.limits_name_n(self.name, "covariance"):
             return problem
         return dataclasses.replace(problem, N=0)
 

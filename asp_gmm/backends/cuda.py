@@ -486,7 +486,7 @@ class CudaBackend(Backend):
         limit names N)."""
         problem = binary_problem(problem)
         key = problem
-        if not any(v.limits_name_n for v in registry.variants("cuda", "estep")):
+        if not registry.limits_name_n("cuda", "estep"):
             key = dataclasses.replace(problem, N=0)
         hit = self._estep_pick.get(key)
         if hit is None:
