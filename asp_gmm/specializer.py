@@ -104,7 +104,9 @@ class Specializer:
                 raise VariantNotApplicableError(f"pinned variant cannot run this problem: {why}; "
                                                 "choose another variant or variant=None")
             return [Config.of(v)]
-        cands = [Config.of(v) for v in self.backend.covariance_variants(problem)]
+        # a manifest may keep its variant out of automatic selection (selectable = false: measured
+        # slower where it runs; still pinnable and tested); exploring it would only cost compiles
+        cands = [Config.of(v) for v in self.backend.covariance_variants(problem) if v.extra.get("selectable", True)]
         if not cands:
             raise VariantNotApplicableError(
                 f"no {self.backend.name} variant can run N={problem.N}, D={problem.D}, M={problem.M} "

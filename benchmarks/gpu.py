@@ -35,7 +35,7 @@ REG = 1e-6
 ESTEP_SWEEP = {"full": [{"rows": 1, "comps": 16}, {"cols": 8}],
                "diag": [{"rows": 1}, {"dcomps": 32}]}
 #: covariance-variant tunables whose covariance phase bench_iteration times beside the default (sweep)
-COV_SWEEP = {"full": [{"events": 16}], "diag": []}
+COV_SWEEP = {"full": [{"events": 16}], "diag": [{"warps": 2}, {"warps": 8}, {"warps": 16}, {"nqw": 5, "warps": 4}, {"blocks": 528}, {"blocks": 132}]}
 
 
 
@@ -370,6 +370,8 @@ def main(argv=None):
                     help="also time the E-step alone with the tunables of ESTEP_SWEEP")
     ap.add_argument("--profile", action="store_true",
                     help="only two EM iterations per shape and covariance type (run under ncu)")
+    ap.add_argument("--diag-variant", default="V6",
+                    help="covariance variant of the diag iteration rows (V6 needs sm_80; V5 runs everywhere)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench.json"))
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
@@ -403,7 +405,8 @@ def main(argv=None):
             rec = dict(N=N, D=D, M=M, cvtype=cvtype)
             rec["asp"] = [] if a.iteration_only else bench_asp(X, params, cvtype, a.iters, log)
             try:
-                rec["iteration"] = bench_iteration(X, params, cvtype, max(a.iters, 10), log, sweep=a.estep_sweep)
+                rec["iteration"] = bench_iteration(X, params, cvtype, max(a.iters, 10), log, sweep=a.estep_sweep,
+                                                   variant=a.diag_variant if cvtype == "diag" else "V5")
             except Exception as exc:  # noqa: BLE001 - reported in the table, not fatal
                 rec["iteration"] = dict(error=repr(exc)[:300])
                 log(f"    iteration ERROR {rec['iteration']}")

@@ -39,6 +39,10 @@ V5_GPU = [  # tests/test_cuda_v5.py on a GPU: (D, M) of GPU_SHAPES x the tunable
 TUNED = [("V3", {"tile": 2}), ("V3", {"threads": 512}), ("V4", {"tile": 2}), ("V4", {"tile": 2, "threads": 128}),
          ("V4", {"blocks": 528, "tile": 2}), ("V4", {"blocks": 132, "threads": 128})]   # test_tunables_match_reference
 
+V6_GPU = [  # tests/test_cuda_v6.py and benchmarks/v6_probe.py: (D, M, tunables), diag float32
+    (36, 16, {}), (19, 5, {}), (3, 1, {}), (21, 8, {"blocks": 132}), (21, 8, {"blocks": 528}), (19, 8, {}),
+    (12, 16, {}), (12, 8, {})]
+
 
 def jobs():
     import gpu as bench
@@ -90,6 +94,16 @@ def main():
             full = v.default_tunables()
             full.update(tun)
             todo[(v.key, D, M, cv, "float32", tuple(sorted(full.items())))] = (v, full, p)
+    for D, M, t in V6_GPU:
+        p = Problem(0, D, M, "diag", "float32")
+        for name, tun in (("V6", t), ("core", None), ("estep_fast", {})):
+            v = registry.get("cuda", name)
+            if tun is None:
+                todo[(v.key, D, M, "diag", "float32", ())] = (v, {}, p)
+                continue
+            full = v.default_tunables()
+            full.update(tun)
+            todo[(v.key, D, M, "diag", "float32", tuple(sorted(full.items())))] = (v, full, p)
     with ThreadPoolExecutor(max_workers=a.jobs) as ex:
         errors = [e for e in ex.map(one, todo.values()) if e]
     print(f"precompile: {len(todo)} binaries, {cu.cache.CompileStats.compiles - before} compiled, "

@@ -51,7 +51,7 @@ it atomically). A variant without ``[[launch]]`` tables is not offered by this b
 Expressions are evaluated like limits (asp_gmm.registry.evaluate) over N, D, M, cells, cvtype,
 dtype, ldn, the tunables and the device quantities of :meth:`CudaBackend.limit_context`
 (max_threads, smem_per_block, smem_optin: the opt-in maximum, asked for automatically when a launch's
-``shared`` exceeds 48 KiB, sm_count). After the launches, ``acc`` must hold every component's
+``shared`` exceeds 48 KiB, sm_count, cc: the compute capability as 10 major + minor). After the launches, ``acc`` must hold every component's
 sums (components with ``nk[c] == 0`` may hold anything finite). Limits (``[[limits]]``) exclude
 problems the mapping cannot run. The E-step is selected the same way from ``phase = "estep"``
 variants (signature ``(xt, means, prec, logc, resp, logp, stat, n, ldn)``; it writes ``resp``,
@@ -103,7 +103,7 @@ NVCC_FLAGS = ["--cubin", "-O3", "--use_fast_math", "-std=c++17"]
 LDN_ALIGN = 256
 _INT_MAX = 2**31 - 1
 #: limit context used when no GPU is present (compile-only checks): an H100
-_DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "smem_optin": 232448, "sm_count": 132}
+_DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "smem_optin": 232448, "sm_count": 132, "cc": 90}
 #: Problems under this many multiply-adds per EM iteration (Problem.work) run on the binary of their
 #: component class. An iteration of that size takes a few milliseconds on a current GPU, so the at
 #: most 25 % of padding costs less over hundreds of iterations than the compile of an exact binary
@@ -324,6 +324,7 @@ class _Device:
         optin = getattr(a, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", None)
         self.attrs["smem_optin"] = self.dev.get_attribute(optin) if optin is not None else self.attrs["smem_per_block"]
         cc = self.dev.compute_capability()
+        self.attrs["cc"] = 10 * cc[0] + cc[1]   # compute capability, e.g. 90 (limits: tensor-core variants)
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self.name = self.dev.name()
         self.memory = self.dev.total_memory()
@@ -474,6 +475,7 @@ class CudaBackend(Backend):
                 geo = np.zeros(2, np.int32)
                 dev.drv.memcpy_dtoh(geo, ptr)
             mod.mom_threads = int(geo[0])
+            mod.mom_grid_y = max(1, int(geo[1]))
         return mod
 
     def selection_key(self, problem: Problem) -> Problem:
@@ -846,7 +848,8 @@ class CudaSession(Session):
         the undo of a failed step), the status is cleared (as asp_reset) and, with ``zero_cells``, the
         first zero_cells acc cells of every component are zeroed (for variants with zero_acc)."""
         b, M = self.buf, self.problem.M
-        self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, 1), (self.core.mom_threads, 1, 1),
+        self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, self.core.mom_grid_y),
+                     (self.core.mom_threads, 1, 1),
                      int(self.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn),
                      int(b.params), int(b.backup), np.int32(b.param_vec))
         self._launch("asp_means", self._fn["asp_means"], (M, 1), (256, 1, 1),
