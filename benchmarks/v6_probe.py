@@ -67,7 +67,9 @@ def mstep_probe(X, weights, means, covars, tunables=None):
     return dict(exact=exact, tc=tc, acc=acc.reshape(M, D), ratio=s2 / exact, flags=flags, launch_ms=launch_ms)
 
 
-def _case(rng, N, D, M, spread, scale, offset):
+def labelled_blobs(rng, N, D, M, spread, scale, offset):
+    """Blobs (centres N(0, spread^2), per-dimension spreads scale x U(0.5, 1.5), + offset) and the
+    parameters of their true labelling: (X float32 (N, D), weights (M,), means (M, D), variances (M, D))."""
     centres = rng.normal(0.0, spread, (M, D))
     scales = rng.uniform(0.5, 1.5, (M, D)) * scale
     lab = rng.integers(0, M, N)
@@ -85,7 +87,7 @@ def main():
     for (N, D, M, spread, scale, offset) in [(200_000, 36, 16, 3.0, 1.0, 0.0), (200_000, 36, 16, 3.0, 1.0, 1000.0),
                                             (200_000, 19, 8, 10.0, 1.0, 0.0), (200_000, 36, 16, 30.0, 0.3, 0.0),
                                             (200_000, 12, 16, 100.0, 0.1, 50.0), (500_000, 36, 128, 3.0, 1.0, 0.0)]:
-        X, w, mu, cv = _case(rng, N, D, M, spread, scale, offset)
+        X, w, mu, cv = labelled_blobs(rng, N, D, M, spread, scale, offset)
         pr = mstep_probe(X, w, mu, cv)
         rel = np.abs(pr["tc"] - pr["exact"]) / pr["exact"]
         grel = np.abs(pr["acc"] - pr["exact"]) / pr["exact"]

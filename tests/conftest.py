@@ -53,6 +53,30 @@ def train_vs_reference(rng, X, M, cvtype, iters, **gmm_kw):
     return g, ll, r
 
 
+def session_vs_reference(rng, X, M, cvtype, variant, tunables, iters=2):
+    """``iters`` EM iterations through the CUDA session API with a variant pinned at ``tunables`` (what
+    GMM cannot pin), and the float64 reference from the same fresh :func:`init_params`:
+    ``((weights, means, covars), EMRun, reference result)``."""
+    from asp_gmm import registry
+    from asp_gmm import reference as ref
+    from asp_gmm.backends import cuda as cu
+    from asp_gmm.problem import Problem
+    N, D = X.shape
+    be = cu.CudaBackend()
+    p = Problem(N, D, M, cvtype, "float32")
+    v = registry.get("cuda", variant, "covariance")
+    w, mu, cv = init_params(rng, X, M, cvtype)
+    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, iters, iters, 0.0)
+    s = be.open(X, p)
+    try:
+        s.set_params(w, mu, cv, 1e-6)
+        run = s.em(be.kernel(v, tunables, p), iters, iters, 0.0, 1e-6)
+        params = s.params()
+    finally:
+        s.close()
+    return params, run, r
+
+
 def reference_estep(g, X):
     """The float64 reference E-step ``(logprob (N,), posteriors (N, M))`` under g's parameters."""
     from asp_gmm import reference as ref

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 
 from asp_gmm import GMM, registry
-from asp_gmm import reference as ref
 from asp_gmm.errors import KernelError, NotPositiveDefiniteError
 from asp_gmm.problem import Problem
-from conftest import init_params as _init, make_blobs, reference_estep, train_vs_reference
+from conftest import init_params as _init, make_blobs, reference_estep, session_vs_reference, train_vs_reference
 
 cuda_mod = pytest.importorskip("asp_gmm.backends.cuda")
 REASON = cuda_mod.CudaBackend.unavailable_reason()
@@ -77,20 +76,11 @@ def test_tunables_match_reference(variant, tunables, shape, rng):
     """Non-default tunables (2 x 2 cell tiles, other thread counts and B) through the session API."""
     N, D, M = shape
     be = cuda_mod.CudaBackend()
-    p = Problem(N, D, M, "full", "float32")
     v = registry.get("cuda", variant, "covariance")
-    if not v.allows(p, tunables, extra=be.limit_context()):
+    if not v.allows(Problem(N, D, M, "full", "float32"), tunables, extra=be.limit_context()):
         pytest.skip("declared limit")
     X = make_blobs(rng, N, D, M, dtype=np.float32)
-    w, mu, cv = _init(rng, X, M, "full")
-    r = ref.em(X.astype(np.float64), w, mu, cv, "full", 1e-6, 2, 2, 0.0)
-    s = be.open(X, p)
-    try:
-        s.set_params(w, mu, cv, 1e-6)
-        run = s.em(be.kernel(v, tunables, p), 2, 2, 0.0, 1e-6)
-        weights, means, covars = s.params()
-    finally:
-        s.close()
+    (weights, means, covars), run, r = session_vs_reference(rng, X, M, "full", variant, tunables)
 
     class G:  # the attributes _compare reads
         pass

@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asp_gmm import registry
-from conftest import make_blobs, reference_estep, train_vs_reference
+from conftest import make_blobs, reference_estep, session_vs_reference, train_vs_reference
 
 cuda_mod = pytest.importorskip("asp_gmm.backends.cuda")
 REASON = cuda_mod.CudaBackend.unavailable_reason()
@@ -50,34 +49,10 @@ def test_v6_tunables(blocks, rng):
     if not _v6_allowed():
         pytest.skip("V6 needs compute capability 8.0")
     X = make_blobs(rng, 30_011, 21, 8, dtype=np.float32)
-    from asp_gmm import reference as ref
-    from asp_gmm.problem import Problem
-    from conftest import init_params
-    w, mu, cv = init_params(rng, X, 8, "diag")
-    r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 2, 2, 0.0)
-    be = cuda_mod.CudaBackend()
-    p = Problem(30_011, 21, 8, "diag", "float32")
-    v = registry.get("cuda", "V6", "covariance")
-    s = be.open(X, p)
-    try:
-        s.set_params(w, mu, cv, 1e-6)
-        run = s.em(be.kernel(v, {"wm": 1, "blocks": blocks}, p), 2, 2, 0.0, 1e-6)
-        weights, means, covars = s.params()
-    finally:
-        s.close()
+    (weights, means, covars), run, r = session_vs_reference(rng, X, 8, "diag", "V6", {"wm": 1, "blocks": blocks})
     np.testing.assert_allclose(covars, r["covars"], rtol=2e-4, atol=2e-4 * float(np.abs(r["covars"]).max()))
     np.testing.assert_allclose(means, r["means"], rtol=2e-4, atol=2e-4 * float(np.abs(r["means"]).max()))
     assert run.loglik == pytest.approx(r["loglik"], rel=2e-3)
-
-
-def _tight_far(rng, N, D, M, spread, scale):
-    centres = rng.normal(0.0, spread, (M, D))
-    lab = rng.integers(0, M, N)
-    X = (centres[lab] + rng.standard_normal((N, D)) * scale).astype(np.float32)
-    w = np.bincount(lab, minlength=M) / N
-    mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
-    cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
-    return X, w, mu, cv
 
 
 def test_v6_guard_flags_only_cancelling_components(rng):
@@ -85,12 +60,12 @@ def test_v6_guard_flags_only_cancelling_components(rng):
     and the result is accurate; ordinary blobs are not flagged (the fast path is really used)."""
     if not _v6_allowed():
         pytest.skip("V6 needs compute capability 8.0")
-    from v6_probe import mstep_probe
-    X, w, mu, cv = _tight_far(rng, 50_000, 12, 8, 100.0, 0.05)
+    from v6_probe import labelled_blobs, mstep_probe
+    X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, 100.0, 0.05, 0.0)
     pr = mstep_probe(X, w, mu, cv)
     assert pr["flags"].all(), pr["ratio"].max(1)
     np.testing.assert_allclose(pr["acc"], pr["exact"], rtol=2e-5)
-    X, w, mu, cv = _tight_far(rng, 50_000, 12, 8, 1.0, 1.0)
+    X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, 1.0, 1.0, 0.0)
     pr = mstep_probe(X, w, mu, cv)
     assert not pr["flags"].any(), pr["ratio"].max(1)
     np.testing.assert_allclose(pr["acc"], pr["exact"], rtol=2e-5)
