@@ -79,7 +79,17 @@ class Variant:
     def limits_name_n(self) -> bool:
         """Whether any limit depends on N (the number of events); when none does, whether the
         variant allows a problem does not change with N and callers may memoise by shape."""
-        return any("N" in _compiled(lim.require).co_names for lim in self.limits)
+        return (any("N" in _compiled(lim.require).co_names for lim in self.limits)
+                or any("N" in _compiled(e).co_names for e in self.extra.get("derived", {}).values()))
+
+    def derive(self, env: dict) -> dict:
+        """``env`` with the manifest's ``[derived]`` quantities added, in their declared order (each
+        may use the problem, the tunables, the limit context and the quantities before it). One
+        definition serves the limits, the launch expressions and the template, so a geometry the
+        template computes is never re-derived by hand in the manifest."""
+        for name, expr in self.extra.get("derived", {}).items():
+            env[name] = evaluate(expr, env)
+        return env
 
     def check(self, problem: Problem, tunables: dict | None = None, extra: dict | None = None):
         """Return ``None`` when the variant can run the problem, else the reason it cannot."""
@@ -91,6 +101,7 @@ class Variant:
         env.update(self.default_tunables())
         env.update(tunables or {})
         env.update(extra or {})
+        self.derive(env)
         for lim in self.limits:
             if not evaluate(lim.require, env):
                 return f"{self.key}: {lim.reason} (requires {lim.require}; N={problem.N}, D={problem.D}, M={problem.M})"
@@ -255,6 +266,8 @@ def render(variant: Variant, tunables: dict | None, problem: Problem, **context)
     unknown = set(tunables or {}) - set(variant.tunables)
     if unknown:
         raise ValueError(f"{variant.key} has no tunables {sorted(unknown)}; it has {sorted(variant.tunables)}")
+    derived = variant.derive({**problem.as_dict(), **params})
+    derived = {k: derived[k] for k in variant.extra.get("derived", {})}
     env = _environment(variant.backend)
     tmpl = env.get_template(variant.template)
-    return tmpl.render(problem=problem, variant=variant, **problem.as_dict(), **params, **context)
+    return tmpl.render(problem=problem, variant=variant, **problem.as_dict(), **params, **derived, **context)

@@ -27,6 +27,7 @@ CLASSES = [  # (D, M, cvtype, dtype)
     (19, 16, "full", "float32"),
     (19, 16, "diag", "float32"),
     (36, 128, "full", "float32"),
+    (36, 128, "diag", "float32"),
     (64, 64, "full", "float32"),
     (7, 3, "full", "float64"),
     (7, 3, "diag", "float64"),
@@ -105,7 +106,7 @@ def test_launch_expressions_evaluate():
     for v in registry.variants("cuda"):
         if not cu.pluggable(v):
             continue
-        e = dict(env, **v.default_tunables())
+        e = v.derive(dict(env, **v.default_tunables()))
         for spec in cu.launches(v):
             grid, block, shared = spec.config(e)
             assert min(grid) >= 1 and min(block) >= 1 and shared >= 0

@@ -58,6 +58,15 @@ variants (signature ``(xt, means, prec, logc, resp, logp, stat, n, ldn)``; it wr
 ``logp`` and adds the log-likelihood to ``stat[0]``); :attr:`CudaBackend.estep_preference` orders them
 and ``ASP_GMM_CUDA_ESTEP`` pins one.
 
+A ``[derived]`` table names quantities computed from the others, in order (see
+:meth:`asp_gmm.registry.Variant.derive`); the limits, the launch expressions and the template all see
+them, so a geometry is defined once. A launch table's ``phase`` says where its kernel runs in the
+EM iteration: ``"covariance"`` (the default), ``"means"`` (instead of the core's moments and means) or
+``"estep"`` (instead of the E-step). A variant with an ``"estep"`` launch fuses the next M-step's sums
+into its E-step (V7): its means launch must write ``nk``, ``mu64``, ``mu`` and clear the status as
+``asp_means`` does, and its E-step must back the parameters up (``params`` -> ``backup``, ``pvec``
+16-byte words) and write what the E-step signature above writes.
+
 Binaries are compiled per (D, M) class. A problem of less than :data:`PAD_BELOW_WORK` multiply-adds
 per iteration runs on the binary of its *component class* (:func:`component_class`: M itself up to 8,
 then steps of at most 1/4: 10, 12, 14, 16, 20, 24, ...): the extra components are padding with weight
@@ -215,6 +224,10 @@ class Launch:
     block: tuple
     shared: str = "0"
     args: tuple = ()        # argument names (ARG_TYPES); empty: the phase's standard signature
+    #: where a covariance variant's kernel runs in the EM iteration: "covariance" (default, after the
+    #: core's moments and means), "means" (instead of them) or "estep" (instead of the E-step). A
+    #: variant with an "estep" launch fuses its sums into the E-step and brings its own means.
+    phase: str = "covariance"
 
     @classmethod
     def parse(cls, table: dict) -> "Launch":
@@ -226,8 +239,12 @@ class Launch:
         if unknown:
             raise ValueError(f"launch of {table['kernel']!r} names unknown arguments {unknown}; "
                              f"known: {sorted(ARG_TYPES)}")
+        phase = table.get("phase", "covariance")
+        if phase not in ("covariance", "means", "estep"):
+            raise ValueError(f"launch of {table['kernel']!r}: unknown phase {phase!r} "
+                             "(covariance, means or estep)")
         return cls(table["kernel"], dims(table.get("grid", "1")), dims(table.get("block", "threads")),
-                   str(table.get("shared", "0")), args)
+                   str(table.get("shared", "0")), args, phase)
 
     def signature(self, default: tuple) -> str:
         return "".join(ARG_TYPES[a] for a in (self.args or default))
@@ -242,7 +259,8 @@ class Launch:
 
 #: Names a launch table's ``args`` may use, with their pycuda types (P: device pointer, i: int32).
 ARG_TYPES = {"xt": "P", "resp": "P", "means": "P", "nk": "P", "acc": "P", "scratch": "P",
-             "prec": "P", "logc": "P", "logp": "P", "stat": "P", "n": "i", "ldn": "i", "d": "i", "m": "i"}
+             "prec": "P", "logc": "P", "logp": "P", "stat": "P", "n": "i", "ldn": "i", "d": "i", "m": "i",
+             "mu64": "P", "w64": "P", "params": "P", "backup": "P", "pvec": "i"}
 #: The standard argument lists (the order of ASP_COV_ARGS and of the E-step kernels).
 COV_ARGS = ("xt", "resp", "means", "nk", "acc", "scratch", "n", "ldn")
 ESTEP_ARGS = ("xt", "means", "prec", "logc", "resp", "logp", "stat", "n", "ldn")
@@ -303,6 +321,12 @@ class _Module:
     scratch: str = "0"
     tunables: dict = None
     zero_acc: bool = False  # the manifest asks for acc to be zeroed before the launches
+    variant: object = None  # the registry.Variant (its [derived] quantities enter the launch expressions)
+
+    @property
+    def fused(self) -> bool:
+        """Whether the variant brings its own E-step with the M-step sums fused into it."""
+        return any(spec.phase == "estep" for spec, _ in self.funcs)
 
 
 # ---------------------------------------------------------------------------------------- device
@@ -459,7 +483,7 @@ class CudaBackend(Backend):
                             fn.prepare(spec.signature(prepare["*"]))
                         funcs.append((spec, fn))
                 mod = _Module(m, funcs, str(variant.extra.get("scratch", "0")), tun,
-                              bool(variant.extra.get("zero_acc", False)))
+                              bool(variant.extra.get("zero_acc", False)), variant)
                 mod.path = str(path)
                 self._modules[key] = mod
         return mod
@@ -733,6 +757,7 @@ class CudaSession(Session):
         self.buf = backend._acquire(problem, exact=resident is not None)
         self._closed = False
         self._stale = True
+        self._fused_sums = None    # the fused variant whose M-step sums the last E-step left, if any
         self._launched = []
         self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
         self.phase_seconds = []
@@ -815,20 +840,25 @@ class CudaSession(Session):
                "scratch": lambda: int(scratch) if scratch is not None else 0,
                "prec": lambda: b.ptr("prec"), "logc": lambda: b.ptr("logc"), "logp": lambda: int(b.logp),
                "stat": lambda: int(b.stat), "n": lambda: np.int32(p.N), "ldn": lambda: np.int32(b.ldn),
-               "d": lambda: np.int32(p.D), "m": lambda: np.int32(p.M)}
+               "d": lambda: np.int32(p.D), "m": lambda: np.int32(p.M),
+               "mu64": lambda: b.ptr("mu64"), "w64": lambda: b.ptr("w64"), "params": lambda: int(b.params),
+               "backup": lambda: int(b.backup), "pvec": lambda: np.int32(b.param_vec)}
         return [val[a]() for a in names]
 
-    def _plan(self, mod: _Module, default_args: tuple, scratch_bytes: bool = False):
+    def _plan(self, mod: _Module, default_args: tuple, scratch_bytes: bool = False, phase=None):
         """(scratch bytes, [(kernel, function, grid, block, shared, argument names)]) of a variant's
-        launches for this session's problem, evaluated once: the manifests' expressions are long and
-        the host must keep ahead of the GPU at small sizes."""
-        plan = self._plans.get(mod)
+        launches (those of ``phase`` when given) for this session's problem, evaluated once: the
+        manifests' expressions are long and the host must keep ahead of the GPU at small sizes."""
+        plan = self._plans.get((mod, phase))
         if plan is None:
             env = dict(self._env)
             env.update(mod.tunables)
+            if mod.variant is not None:
+                mod.variant.derive(env)
             nbytes = int(registry.evaluate(mod.scratch, env)) if scratch_bytes else 0
-            confs = [(spec.kernel, fn) + spec.config(env) + (spec.args or default_args,) for spec, fn in mod.funcs]
-            plan = self._plans[mod] = (nbytes, confs)
+            confs = [(spec.kernel, fn) + spec.config(env) + (spec.args or default_args,) for spec, fn in mod.funcs
+                     if phase is None or spec.phase == phase]
+            plan = self._plans[(mod, phase)] = (nbytes, confs)
         return plan
 
     def _run_plan(self, confs, scratch=None):
@@ -856,21 +886,27 @@ class CudaSession(Session):
                      int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"),
                      int(b.stat), int(b.acc), np.int32(zero_cells))
 
-    def _covariance(self, mod: _Module, zeroed: bool = False):
+    def _covariance(self, mod: _Module, zeroed: bool = False, phase: str = "covariance"):
         b = self.buf
-        nbytes, confs = self._plan(mod, COV_ARGS, scratch_bytes=True)
+        nbytes, confs = self._plan(mod, COV_ARGS, scratch_bytes=True, phase=phase)
         scratch = b.ensure_scratch(nbytes)
         if mod.zero_acc and not zeroed:
             self.drv.memset_d32_async(b.acc, 0, 2 * self.problem.M * self.problem.cells, b.stream)
         self._run_plan(confs, scratch)
 
-    def _run_estep(self):
+    def _run_estep(self, fused: _Module | None = None):
+        """The E-step (log-likelihood, posteriors); with ``fused``, that variant's E-step, which also
+        leaves the sums of the next M-step in its scratch."""
         self._reset()
-        self._estep_launch()
+        if fused is None:
+            self._estep_launch()
+        else:
+            self._covariance(fused, phase="estep")
         ll, _ = self._read_stat()
         self._check_ll(ll)
         self._ll = ll
         self._stale = False
+        self._fused_sums = fused
         return ll
 
     @staticmethod
@@ -923,22 +959,31 @@ class CudaSession(Session):
         it_s, cov_s = [], []
         iters, converged = 0, False
         self.phase_seconds = []
+        fused = mod.fused
         with self.dev.active():
-            if self._stale:
-                self._run_estep()
+            if self._stale or (fused and self._fused_sums is not mod):
+                self._run_estep(mod if fused else None)
             ll = self._ll
             trace = [float(ll)]
             e = b.events
             while iters < max_iters:
                 # 5 launches: moments (+ parameter backup), means (+ status reset, acc zeroing),
-                # covariance variant, factor, E-step; then the 16-byte status read
+                # covariance variant, factor, E-step; then the 16-byte status read. A fused variant:
+                # its means launch (from the sums its E-step left), its covariance launches, factor,
+                # its E-step (+ parameter backup and the next M-step's sums).
                 e[0].record(b.stream)
-                self._means(self.problem.cells if mod.zero_acc else 0)
+                if fused:
+                    self._covariance(mod, phase="means")
+                else:
+                    self._means(self.problem.cells if mod.zero_acc else 0)
                 e[1].record(b.stream)
                 self._covariance(mod, zeroed=True)
                 e[2].record(b.stream)
                 self._factor(reg_covar, 1)
-                self._estep_launch()
+                if fused:
+                    self._covariance(mod, phase="estep")
+                else:
+                    self._estep_launch()
                 e[3].record(b.stream)
                 new_ll, bad = self._read_stat()
                 if bad is not None:
@@ -946,6 +991,7 @@ class CudaSession(Session):
                     self.drv.memcpy_dtod_async(b.params, b.backup, b.param_bytes, b.stream)
                     self._sync()
                     self._stale = True
+                    self._fused_sums = None
                     raise NotPositiveDefiniteError(bad, reg_covar)
                 self._check_ll(new_ll)
                 it_s.append(e[3].time_since(e[0]) * 1e-3)
