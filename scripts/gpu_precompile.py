@@ -43,6 +43,10 @@ V6_GPU = [  # tests/test_cuda_v6.py and benchmarks/v6_probe.py: (D, M, tunables)
     (36, 16, {}), (19, 5, {}), (3, 1, {}), (21, 8, {"blocks": 132}), (21, 8, {"blocks": 528}), (19, 8, {}),
     (12, 16, {}), (12, 8, {})]
 
+V7_GPU = [  # tests/test_cuda_v7.py: (D, M, tunables), diag float32
+    (36, 16, {}), (19, 5, {}), (3, 1, {}), (65, 128, {}), (4, 2, {}), (21, 8, {"bps": 1}), (21, 8, {"bps": 3}),
+    (12, 8, {}), (10, 6, {})]
+
 
 def jobs():
     import gpu as bench
@@ -94,9 +98,9 @@ def main():
             full = v.default_tunables()
             full.update(tun)
             todo[(v.key, D, M, cv, "float32", tuple(sorted(full.items())))] = (v, full, p)
-    for D, M, t in V6_GPU:
+    for variant, D, M, t in [("V6",) + x for x in V6_GPU] + [("V7",) + x for x in V7_GPU]:
         p = Problem(0, D, M, "diag", "float32")
-        for name, tun in (("V6", t), ("core", None), ("estep_fast", {})):
+        for name, tun in ((variant, t), ("core", None), ("estep_fast", {})):
             v = registry.get("cuda", name)
             if tun is None:
                 todo[(v.key, D, M, "diag", "float32", ())] = (v, {}, p)

@@ -1,0 +1,138 @@
+"""V7, the diagonal covariance fused into the E-step (variants/cuda/cov_v7.cu.j2): its geometry (one
+definition in v7.toml [derived] for the manifest and the template; checked without a GPU), and on a GPU
+the cases the generic variant tests do not reach: data far from the origin, components whose centring
+would cancel (the exact fallback must run, and only then), more M-phase tiles than threads, blocks
+without events, the session's switch between the plain and the fused E-step."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asp_gmm import registry
+from asp_gmm.backends import cuda as cu
+from asp_gmm.problem import Problem
+from conftest import init_params, make_blobs, reference_estep, session_vs_reference, train_vs_reference
+
+V7 = registry.get("cuda", "V7", "covariance")
+SHAPES = [(150_000, 19, 16), (500_000, 36, 128), (1003, 7, 3), (517, 1, 4), (2000, 13, 1), (3001, 5, 12),
+          (2501, 9, 24), (6007, 71, 3), (4001, 65, 128), (1000, 24, 512), (999, 150, 2)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
+def test_v7_geometry_is_consistent(shape):
+    """What the kernels assume of the derived geometry: lanes of one event inside a warp, 16-byte
+    aligned tiles, every M-phase tile owned, shared memory within the limit it declares."""
+    N, D, M = shape
+    p = Problem(N, D, M, "diag", "float32")
+    ctx = dict(cu._DEFAULT_LIMITS)
+    env = V7.derive(dict(p.as_dict(), **V7.default_tunables(), **ctx))
+    if not V7.allows(p, extra=ctx):
+        assert env["TECAP"] < 4 or env["SMEM"] > ctx["smem_optin"]
+        return
+    assert env["NTH"] % 32 == 0 and 128 <= env["NTH"] <= 512
+    assert 32 % env["LT"] == 0 and env["NTH"] % env["LT"] == 0
+    assert env["TE"] % 4 == 0 and env["TE"] >= 4 and env["MP"] % 8 == 0 and env["LDR"] % 8 == 4
+    assert env["ES"] * min(env["MTILES"], env["NTH"]) <= env["NTH"]
+    assert env["SMEM"] <= ctx["smem_optin"]
+    src = cu.render_source(V7, None, p)
+    for name in ("NTH", "TE", "ES", "LT", "MP"):
+        assert f"#define {name} {env[name]}\n" in src
+    grid, block, shared = next(s for s in cu.launches(V7) if s.phase == "estep").config(dict(env, ldn=N))
+    assert block[0] == env["NTH"] and shared == env["SMEM"] and 1 <= grid[0] <= ctx["sm_count"] * env["bps"]
+
+
+cuda_mod = cu
+REASON = cu.CudaBackend.unavailable_reason()
+gpu = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: {REASON}")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+def _check(covars, means, weights, ll, r, rtol=2e-4):
+    s = float(np.max(np.abs(r["covars"])))
+    np.testing.assert_allclose(covars, r["covars"], rtol=rtol, atol=rtol * s)
+    np.testing.assert_allclose(means, r["means"], rtol=rtol, atol=rtol * float(np.max(np.abs(r["means"]))))
+    np.testing.assert_allclose(weights, r["weights"], rtol=rtol, atol=rtol)
+    assert ll == pytest.approx(r["loglik"], rel=2e-3)
+
+
+@gpu
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+@pytest.mark.parametrize("shape", [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (4001, 65, 128), (300, 4, 2)],
+                         ids=lambda s: "N%d-D%d-M%d" % s)
+def test_v7_matches_reference(shape, offset, rng):
+    """(4001, 65, 128): more M-phase tiles than threads (rounds); (300, 4, 2): one tile, most blocks
+    without events (their partials must read as zero)."""
+    N, D, M = shape
+    X = make_blobs(rng, N, D, M, offset=offset, dtype=np.float32)
+    g, ll, r = train_vs_reference(rng, X, M, "diag", 3, dtype="float32", backend="cuda", variant="V7")
+    assert g.last_variant.startswith("V7")
+    _check(g.covars, g.means, g.weights, ll, r)
+    lp, post = g.eval(X)
+    rlp, rpost = reference_estep(g, X)
+    np.testing.assert_allclose(lp, rlp, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(post, rpost, atol=1e-3)
+
+
+@gpu
+@pytest.mark.parametrize("bps", [1, 3])
+def test_v7_tunables(bps, rng):
+    X = make_blobs(rng, 30_011, 21, 8, dtype=np.float32)
+    (weights, means, covars), run, r = session_vs_reference(rng, X, 8, "diag", "V7", {"bps": bps}, iters=3)
+    _check(covars, means, weights, run.loglik, r)
+
+
+def _session(X, M, w, mu, cv):
+    be = cu.CudaBackend()
+    p = Problem(X.shape[0], X.shape[1], M, "diag", "float32")
+    s = be.open(X, p)
+    s.set_params(w, mu, cv, 1e-6)
+    return be, p, s
+
+
+def _flags(s, D, M):
+    out = np.zeros(D + M, np.float64)
+    with s.dev.active():
+        s.drv.memcpy_dtoh(out, s.buf.scratch)
+    return out[D:D + M]
+
+
+@gpu
+def test_v7_guard_flags_only_cancelling_components(rng):
+    """Tight components far from the data mean are recomputed exactly (and the result is accurate);
+    ordinary blobs are not flagged, so the fused sums are what runs."""
+    from asp_gmm import reference as ref
+    from v6_probe import labelled_blobs
+    for spread, scale, want in ((100.0, 0.05, True), (1.0, 1.0, False)):
+        X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, spread, scale, 0.0)
+        r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
+        be, p, s = _session(X, 8, w, mu, cv)
+        try:
+            run = s.em(be.kernel(V7, None, p), 1, 1, 0.0, 1e-6)
+            flags = _flags(s, 12, 8)
+            weights, means, covars = s.params()
+        finally:
+            s.close()
+        assert (flags != 0).all() if want else not flags.any(), flags
+        _check(covars, means, weights, run.loglik, r, rtol=5e-5)
+
+
+@gpu
+def test_v7_after_plain_estep_and_failed_step(rng):
+    """loglik() runs the plain E-step (no sums): the next em must run V7's own E-step first; two em
+    calls in a row continue from the sums the last E-step left."""
+    from asp_gmm import reference as ref
+    X = make_blobs(rng, 20_011, 10, 6, dtype=np.float32)
+    w, mu, cv = init_params(rng, X, 6, "diag")
+    r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 3, 3, 0.0)
+    be, p, s = _session(X, 6, w, mu, cv)
+    try:
+        ll0 = s.loglik()
+        k = be.kernel(V7, None, p)
+        first = s.em(k, 1, 1, 0.0, 1e-6)
+        assert first.loglik_trace[0] == pytest.approx(ll0, rel=1e-6)
+        run = s.em(k, 2, 2, 0.0, 1e-6)
+        weights, means, covars = s.params()
+    finally:
+        s.close()
+    _check(covars, means, weights, run.loglik, r)
