@@ -42,7 +42,6 @@ def test_v7_geometry_is_consistent(shape):
     assert block[0] == env["NTH"] and shared == env["SMEM"] and 1 <= grid[0] <= ctx["sm_count"] * env["bps"]
 
 
-cuda_mod = cu
 REASON = cu.CudaBackend.unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: {REASON}")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
