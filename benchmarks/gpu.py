@@ -339,7 +339,7 @@ def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
         torch.cuda.empty_cache()
 
 
-def profile_once(X, params, cvtype, variant="V5"):
+def profile_once(X, params, cvtype, variant="V5", tunables=None):
     """Two EM iterations through the backend and nothing else, for a profiler (ncu -k ...): the
     kernels of what train() runs, the first iteration loading the binaries."""
     from asp_gmm.backends.cuda import CudaBackend
@@ -349,7 +349,7 @@ def profile_once(X, params, cvtype, variant="V5"):
     p = Problem(N, D, params[0].shape[0], cvtype, "float32")
     s = be.open(X, p)
     try:
-        k = be.kernel(registry.get("cuda", variant, "covariance"), {}, p)
+        k = be.kernel(registry.get("cuda", variant, "covariance"), tunables or {}, p)
         s.set_params(*params, REG)
         s.em(k, 2, 2, 0.0, REG)
     finally:

@@ -2,7 +2,8 @@
 the exact fallback, factor + the fused E-step) and how many components the guard flagged, at the
 benchmark's data (benchmarks/gpu.py blobs); then the accuracy of the unguarded fused sums against the
 exact centred pass on the same posteriors (one M-step with ratio_limit = 1e30, then with 0: everything
-recomputed exactly), binned by the cancellation ratio S2 / sum = 1 + (mu - s)^2 / sigma^2.
+recomputed exactly), binned by the cancellation ratio S2 / sum = 1 + (mu - s)^2 / sigma^2. Between the
+two, the iteration under the tunables of SWEEP.
 Usage: python benchmarks/v7_probe.py [N D M [iters]]"""
 import sys
 from pathlib import Path
@@ -15,6 +16,10 @@ from asp_gmm.problem import Problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import REG, blobs, init_params  # noqa: E402
+
+
+#: the tunables timed side by side after the per-iteration table
+SWEEP = [{}, {"flush": 32}, {"prefetch": 0}, {"bps": 1}]
 
 
 def main():
@@ -37,14 +42,15 @@ def main():
             a, b, c = (1e3 * x for x in s.phase_seconds[0])
             print(f"{it:>3} {1e3 * run.iter_seconds[0]:>8.3f} {a:>7.3f} {b:>7.3f} {c:>7.3f} "
                   f"{int((flags[D:] != 0).sum()):>7} {run.loglik / N:>10.4f}")
-        print(f"{'flush':>5} {'iter ms':>8} {'finish':>7} {'exact':>7} {'F+E':>7}")
-        for flush in (16, 32, 64):
-            k = be.kernel(registry.get("cuda", "V7", "covariance"), {"flush": flush}, p)
+        print(f"{'tunables (others: defaults)':<28} {'iter ms':>8} {'finish':>7} {'exact':>7} {'F+E':>7}")
+        for tun in SWEEP:
+            k = be.kernel(registry.get("cuda", "V7", "covariance"), tun, p)
             s.set_params(*params, REG)
             s.em(k, 1, 1, 0.0, REG)
             run = s.em(k, 10, 10, 0.0, REG)
             ph = [1e3 * float(np.median(x)) for x in zip(*s.phase_seconds)]
-            print(f"{flush:>5} {1e3 * float(np.median(run.iter_seconds)):>8.3f} {ph[0]:>7.3f} {ph[1]:>7.3f} {ph[2]:>7.3f}")
+            label = " ".join(f"{a}={b}" for a, b in tun.items()) or "defaults"
+            print(f"{label:<28} {1e3 * float(np.median(run.iter_seconds)):>8.3f} {ph[0]:>7.3f} {ph[1]:>7.3f} {ph[2]:>7.3f}")
     finally:
         s.close()
     accuracy(64)

@@ -16,7 +16,7 @@ from conftest import init_params, make_blobs, reference_estep, session_vs_refere
 
 V7 = registry.get("cuda", "V7", "covariance")
 SHAPES = [(150_000, 19, 16), (500_000, 36, 128), (1003, 7, 3), (517, 1, 4), (2000, 13, 1), (3001, 5, 12),
-          (2501, 9, 24), (6007, 71, 3), (4001, 65, 128), (1000, 24, 512), (999, 150, 2)]
+          (2501, 9, 24), (6007, 71, 3), (4001, 65, 128), (4001, 97, 128), (1000, 24, 512), (999, 150, 2)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
@@ -30,7 +30,9 @@ def test_v7_geometry_is_consistent(shape):
     if not V7.allows(p, extra=ctx):
         assert env["TECAP"] < 4 or env["SMEM"] > ctx["smem_optin"]
         return
-    assert env["NTH"] % 32 == 0 and 128 <= env["NTH"] <= 512
+    assert env["NTH"] % 64 == 0 and 128 <= env["NTH"] <= 512
+    assert env["XR"] % 4 == 0 and env["XR"] >= env["DG"] * env["DT"] >= D > (env["DG"] - 1) * env["DT"]
+    assert 4 <= env["DT"] <= 6
     assert 32 % env["LT"] == 0 and env["NTH"] % env["LT"] == 0
     assert env["TE"] % 4 == 0 and env["TE"] >= 4 and env["MP"] % 8 == 0 and env["LDR"] % 8 == 4
     assert env["ES"] * min(env["MTILES"], env["NTH"]) <= env["NTH"]
@@ -40,6 +42,15 @@ def test_v7_geometry_is_consistent(shape):
         assert f"#define {name} {env[name]}\n" in src
     grid, block, shared = next(s for s in cu.launches(V7) if s.phase == "estep").config(dict(env, ldn=N))
     assert block[0] == env["NTH"] and shared == env["SMEM"] and 1 <= grid[0] <= ctx["sm_count"] * env["bps"]
+
+
+def test_v7_shapes_reach_every_code_path():
+    """The geometry test's shapes include both one M-phase tile per thread and rounds of tiles; so do
+    the GPU shapes below ((4001, 97, 128): rounds)."""
+    ctx = dict(cu._DEFAULT_LIMITS)
+    envs = [V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **V7.default_tunables(), **ctx))
+            for N, D, M in SHAPES]
+    assert {e["MTILES"] > e["NTH"] for e in envs if e["SMEM"] <= ctx["smem_optin"]} == {True, False}
 
 
 REASON = cu.CudaBackend.unavailable_reason()
@@ -57,11 +68,13 @@ def _check(covars, means, weights, ll, r, rtol=2e-4):
 
 @gpu
 @pytest.mark.parametrize("offset", [0.0, 1000.0])
-@pytest.mark.parametrize("shape", [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (4001, 65, 128), (300, 4, 2)],
+@pytest.mark.parametrize("shape", [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (4001, 97, 128), (300, 4, 2),
+                                   (3001, 11, 40)],
                          ids=lambda s: "N%d-D%d-M%d" % s)
 def test_v7_matches_reference(shape, offset, rng):
-    """(4001, 65, 128): more M-phase tiles than threads (rounds); (300, 4, 2): one tile, most blocks
-    without events (their partials must read as zero)."""
+    """(4001, 97, 128): more M-phase tiles than threads (rounds); (300, 4, 2): one tile, most blocks
+    without events (their partials must read as zero); (3001, 11, 40): an odd number of E-phase component
+    groups (GCN = 5)."""
     N, D, M = shape
     X = make_blobs(rng, N, D, M, offset=offset, dtype=np.float32)
     g, ll, r = train_vs_reference(rng, X, M, "diag", 3, dtype="float32", backend="cuda", variant="V7")
@@ -114,6 +127,34 @@ def test_v7_guard_flags_only_cancelling_components(rng):
             s.close()
         assert (flags != 0).all() if want else not flags.any(), flags
         _check(covars, means, weights, run.loglik, r, rtol=5e-5)
+
+
+@gpu
+def test_v7_exact_pass_serves_scattered_flags(rng):
+    """The exact fallback takes the flagged components 4 at a time by ballots over 32 flags: flags on
+    both sides of a 32-component boundary, 8 of 40 (two passes), the others left to the fused sums."""
+    from asp_gmm import reference as ref
+    N, D, M = 40_000, 7, 40
+    far = np.array([2, 5, 31, 32, 33, 34, 36, 39])
+    centres = rng.normal(0.0, 2.0, (M, D))
+    centres[far] = 50.0 * np.where(np.arange(far.size) % 2, 1.0, -1.0)[:, None] + rng.normal(0.0, 1.0, (far.size, D))
+    scales = rng.uniform(0.5, 1.5, (M, D))
+    scales[far] *= 0.01
+    lab = rng.integers(0, M, N)
+    X = (centres[lab] + rng.standard_normal((N, D)) * scales[lab]).astype(np.float32)
+    w = np.bincount(lab, minlength=M) / N
+    mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
+    cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
+    r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
+    be, p, s = _session(X, M, w, mu, cv)
+    try:
+        run = s.em(be.kernel(V7, None, p), 1, 1, 0.0, 1e-6)
+        flags = _flags(s, D, M)
+        weights, means, covars = s.params()
+    finally:
+        s.close()
+    assert np.flatnonzero(flags).tolist() == far.tolist(), flags
+    _check(covars, means, weights, run.loglik, r, rtol=5e-5)
 
 
 @gpu
