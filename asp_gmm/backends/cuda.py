@@ -886,11 +886,13 @@ class CudaSession(Session):
                      int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"),
                      int(b.stat), int(b.acc), np.int32(zero_cells))
 
-    def _covariance(self, mod: _Module, zeroed: bool = False, phase: str = "covariance"):
+    def _variant_phase(self, mod: _Module, phase: str):
+        """A covariance variant's launches of one phase. A variant asking for zeroed acc gets it from
+        asp_means; a fused one, whose "means" launches replace asp_means, before them."""
         b = self.buf
         nbytes, confs = self._plan(mod, COV_ARGS, scratch_bytes=True, phase=phase)
         scratch = b.ensure_scratch(nbytes)
-        if mod.zero_acc and not zeroed:
+        if mod.zero_acc and phase == "means":
             self.drv.memset_d32_async(b.acc, 0, 2 * self.problem.M * self.problem.cells, b.stream)
         self._run_plan(confs, scratch)
 
@@ -901,7 +903,7 @@ class CudaSession(Session):
         if fused is None:
             self._estep_launch()
         else:
-            self._covariance(fused, phase="estep")
+            self._variant_phase(fused, "estep")
         ll, _ = self._read_stat()
         self._check_ll(ll)
         self._ll = ll
@@ -973,15 +975,15 @@ class CudaSession(Session):
                 # its E-step (+ parameter backup and the next M-step's sums).
                 e[0].record(b.stream)
                 if fused:
-                    self._covariance(mod, phase="means")
+                    self._variant_phase(mod, "means")
                 else:
                     self._means(self.problem.cells if mod.zero_acc else 0)
                 e[1].record(b.stream)
-                self._covariance(mod, zeroed=True)
+                self._variant_phase(mod, "covariance")
                 e[2].record(b.stream)
                 self._factor(reg_covar, 1)
                 if fused:
-                    self._covariance(mod, phase="estep")
+                    self._variant_phase(mod, "estep")
                 else:
                     self._estep_launch()
                 e[3].record(b.stream)
