@@ -62,7 +62,8 @@ def parse_grid(text: str) -> list:
 
 
 def configs_for(backend, problem: Problem, tunables: bool = False, variants=None) -> list:
-    """Configurations to measure: each allowed variant with its default tunables, or (``tunables``)
+    """Configurations to measure: each allowed variant with the tunables it runs unless told otherwise
+    (``backend.tunables_for``: the defaults where its limits allow them), or (``tunables``)
     every combination its limits allow; ``variants`` restricts the names."""
     out = []
     ctx = backend.limit_context()
@@ -74,7 +75,7 @@ def configs_for(backend, problem: Problem, tunables: bool = False, variants=None
                 if v.allows(problem, t, extra=ctx):
                     out.append(Config.of(v, t))
         else:
-            out.append(Config.of(v))
+            out.append(Config.of(v, backend.tunables_for(v, problem)))
     return out
 
 

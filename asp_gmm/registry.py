@@ -110,6 +110,12 @@ class Variant:
     def allows(self, problem: Problem, tunables: dict | None = None, extra: dict | None = None) -> bool:
         return self.check(problem, tunables, extra) is None
 
+    def first_allowed(self, problem: Problem, extra: dict | None = None) -> dict | None:
+        """The first combination of tunables, defaults first, whose limits allow ``problem``; ``None``
+        when none does. A default that selects a faster code path with narrower limits (V7's tensor
+        cores) then falls back to the next path instead of removing the variant from the problem."""
+        return next((t for t in self.tunable_space() if self.allows(problem, t, extra)), None)
+
 
 # ---------------------------------------------------------------- limit expressions
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,

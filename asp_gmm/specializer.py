@@ -99,14 +99,16 @@ class Specializer:
                 v = registry.get(self.backend.name, variant, "covariance")
             except KeyError as exc:
                 raise ValueError(str(exc.args[0])) from None
-            why = v.check(problem, extra=self.backend.limit_context())
-            if why:
+            tun = self.backend.tunables_for(v, problem)
+            if tun is None:
+                why = v.check(problem, extra=self.backend.limit_context())
                 raise VariantNotApplicableError(f"pinned variant cannot run this problem: {why}; "
                                                 "choose another variant or variant=None")
-            return [Config.of(v)]
+            return [Config.of(v, tun)]
         # a manifest may keep its variant out of automatic selection (selectable = false: measured
         # slower where it runs; still pinnable and tested); exploring it would only cost compiles
-        cands = [Config.of(v) for v in self.backend.covariance_variants(problem) if v.extra.get("selectable", True)]
+        cands = [Config.of(v, self.backend.tunables_for(v, problem)) for v in self.backend.covariance_variants(problem)
+                 if v.extra.get("selectable", True)]
         if not cands:
             raise VariantNotApplicableError(
                 f"no {self.backend.name} variant can run N={problem.N}, D={problem.D}, M={problem.M} "

@@ -126,9 +126,15 @@ class Backend(abc.ABC):
         return hashlib.sha256(fp.encode()).hexdigest()[:16]
 
     def covariance_variants(self, problem: Problem | None = None) -> list:
-        """This backend's covariance variants (those whose declared limits allow ``problem``)."""
+        """This backend's covariance variants (those whose declared limits allow ``problem`` with some
+        combination of their tunables)."""
         vs = registry.variants(self.name, "covariance")
-        return [v for v in vs if problem is None or v.allows(problem, extra=self.limit_context())]
+        return [v for v in vs if problem is None or self.tunables_for(v, problem) is not None]
+
+    def tunables_for(self, variant, problem: Problem) -> dict | None:
+        """The tunables ``variant`` runs ``problem`` with unless told otherwise: the first combination,
+        defaults first, that its limits allow on this backend (``None``: it cannot run the problem)."""
+        return variant.first_allowed(problem, extra=self.limit_context())
 
     def selection_key(self, problem: Problem) -> Problem:
         """What decides which variants can run ``problem`` on this backend: the problem with N set to

@@ -286,7 +286,7 @@ def estep_variants(problem: Problem, ctx: dict | None = None) -> list:
     out = []
     for v in registry.variants("cuda", "estep"):
         if pluggable(v):
-            tun = next((t for t in v.tunable_space() if v.allows(problem, t, extra=ctx)), None)
+            tun = v.first_allowed(problem, extra=ctx)
             if tun is not None:
                 out.append((v, tun))
     return out
@@ -438,8 +438,10 @@ class CudaBackend(Backend):
     def covariance_variants(self, problem: Problem | None = None) -> list:
         """Covariance variants that follow the plug-in convention and whose limits allow ``problem``
         (as it runs: padded to its component class when small)."""
-        bp = None if problem is None else binary_problem(problem)
-        return [v for v in super().covariance_variants(bp) if pluggable(v)]
+        return [v for v in super().covariance_variants(problem) if pluggable(v)]
+
+    def tunables_for(self, variant, problem: Problem) -> dict | None:
+        return super().tunables_for(variant, binary_problem(problem))
 
     def limit_context(self) -> dict:
         if self._device is None and _probe() is not None:
