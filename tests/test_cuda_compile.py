@@ -36,6 +36,8 @@ CLASSES = [  # (D, M, cvtype, dtype)
 ]
 TUNED_CLASS = (19, 16, "full", "float32")
 OWN = {"core", "estep", "V1", "V2", "V3", "V4"}
+#: tunables that switch a variant to another code path, compiled at every class the variant allows too
+PATHS = {"V7": [{"mtc": 0}, {"tc_wm": 1}]}
 
 
 def _jobs():
@@ -53,6 +55,10 @@ def _jobs():
                 if tun is None:
                     continue
             jobs[(v.name, D, M, cv, dt, tuple(sorted(tun.items())))] = (v, tun, p)
+            for path in PATHS.get(v.name, []):
+                tun = dict(v.default_tunables(), **path)
+                if v.allows(p, tun, extra=ctx):
+                    jobs[(v.name, D, M, cv, dt, tuple(sorted(tun.items())))] = (v, tun, p)
         if v.name in OWN:
             D, M, cv, dt = TUNED_CLASS
             p = Problem(1000, D, M, cv, dt)
@@ -93,6 +99,9 @@ def test_template_compiles(key, compiled):
 def test_every_own_variant_is_covered():
     names = {k[0] for k in JOBS}
     assert OWN <= names
+    for name, paths in PATHS.items():
+        for path in paths:
+            assert any(k[0] == name and set(path.items()) <= set(k[5]) for k in JOBS), (name, path)
     for v in registry.variants("cuda", "covariance"):
         if v.name in OWN:
             assert cu.pluggable(v), f"{v.key} must declare its launches"

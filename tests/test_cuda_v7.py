@@ -21,13 +21,15 @@ SHAPES = [(150_000, 19, 16), (500_000, 36, 128), (1003, 7, 3), (517, 1, 4), (200
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
 def test_v7_geometry_is_consistent(shape):
-    """What the kernels assume of the derived geometry: lanes of one event inside a warp, 16-byte
-    aligned tiles, every M-phase tile owned, shared memory within the limit it declares."""
+    """The M phase on the CUDA cores (mtc = 0): what the kernels assume of the derived geometry: lanes
+    of one event inside a warp, 16-byte aligned tiles, every M-phase tile owned, shared memory within
+    the limit it declares."""
     N, D, M = shape
     p = Problem(N, D, M, "diag", "float32")
     ctx = dict(cu._DEFAULT_LIMITS)
-    env = V7.derive(dict(p.as_dict(), **V7.default_tunables(), **ctx))
-    if not V7.allows(p, extra=ctx):
+    tun = dict(V7.default_tunables(), mtc=0)
+    env = V7.derive(dict(p.as_dict(), **tun, **ctx))
+    if not V7.allows(p, tun, extra=ctx):
         assert env["TECAP"] < 4 or env["SMEM"] > ctx["smem_optin"]
         return
     assert env["NTH"] % 64 == 0 and 128 <= env["NTH"] <= 512
@@ -37,20 +39,70 @@ def test_v7_geometry_is_consistent(shape):
     assert env["TE"] % 4 == 0 and env["TE"] >= 4 and env["MP"] % 8 == 0 and env["LDR"] % 8 == 4
     assert env["ES"] * min(env["MTILES"], env["NTH"]) <= env["NTH"]
     assert env["SMEM"] <= ctx["smem_optin"]
-    src = cu.render_source(V7, None, p)
+    src = cu.render_source(V7, tun, p)
     for name in ("NTH", "TE", "ES", "LT", "MP"):
         assert f"#define {name} {env[name]}\n" in src
     grid, block, shared = next(s for s in cu.launches(V7) if s.phase == "estep").config(dict(env, ldn=N))
     assert block[0] == env["NTH"] and shared == env["SMEM"] and 1 <= grid[0] <= ctx["sm_count"] * env["bps"]
 
 
+@pytest.mark.parametrize("tc_wm", [1, 2])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
+def test_v7_tensor_core_geometry_is_consistent(shape, tc_wm):
+    """The tensor-core M phase (mtc = 1): whole 16-event chunks, every mma tile owned by one warp of each
+    event group, the x tiles' rows (x', x'^2, the ones row) and their conflict-free stride; the template
+    and the launch agree with the manifest."""
+    N, D, M = shape
+    p = Problem(N, D, M, "diag", "float32")
+    ctx = dict(cu._DEFAULT_LIMITS)
+    tun = dict(V7.default_tunables(), mtc=1, tc_wm=tc_wm)
+    env = V7.derive(dict(p.as_dict(), **tun, **ctx))
+    if not V7.allows(p, tun, extra=ctx):
+        assert env["WM"] * env["WN"] > 12 or env["TECAP"] < 16 or env["SMEM"] > ctx["smem_optin"]
+        return
+    assert env["TE"] % 16 == 0 and env["XS"] % 32 == 8 and env["XS"] >= env["TE"]
+    assert env["XR"] % 4 == 0 and env["XR"] >= D and env["NB"] % 8 == 0 and env["NB"] > 2 * env["XR"]
+    assert env["WGM"] * env["WM"] >= env["TMT"] > (env["WGM"] - 1) * env["WM"]
+    assert env["WGN"] * env["WN"] >= env["NT"] > (env["WGN"] - 1) * env["WN"]
+    assert 1 <= env["ES"] * env["WGM"] * env["WGN"] <= env["NW"] and env["LDR"] % 8 == 4
+    assert env["SMEM"] <= ctx["smem_optin"]
+    src = cu.render_source(V7, tun, p)
+    for name in ("NTH", "TE", "ES", "XS", "NB", "WM", "WN", "WGM", "WGN"):
+        assert f"#define {name} {env[name]}" in src
+    grid, block, shared = next(s for s in cu.launches(V7) if s.phase == "estep").config(dict(env, ldn=N))
+    assert block[0] == env["NTH"] and shared == env["SMEM"]
+
+
 def test_v7_shapes_reach_every_code_path():
     """The geometry test's shapes include both one M-phase tile per thread and rounds of tiles; so do
     the GPU shapes below ((4001, 97, 128): rounds)."""
     ctx = dict(cu._DEFAULT_LIMITS)
-    envs = [V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **V7.default_tunables(), **ctx))
+    envs = [V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **dict(V7.default_tunables(), mtc=0),
+                           **ctx))
             for N, D, M in SHAPES]
     assert {e["MTILES"] > e["NTH"] for e in envs if e["SMEM"] <= ctx["smem_optin"]} == {True, False}
+    # the tensor-core M phase: warps that split the events (ES > 1) and warps with several component
+    # tiles, in the GPU shapes of test_v7_tensor_cores_match_reference
+    tc = [V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **dict(V7.default_tunables(), mtc=1,
+                                                                              tc_wm=2), **ctx))
+          for N, D, M in TC_SHAPES]
+    assert any(e["ES"] > 1 for e in tc) and any(e["WM"] > 1 for e in tc) and any(e["TMT"] % e["WM"] for e in tc)
+
+
+def test_v7_runs_on_the_cuda_cores_where_the_tensor_cores_cannot(monkeypatch):
+    """The default M phase is the tensor cores' (mtc = 1); a problem whose mma tiles do not fit a warp's
+    registers, or a GPU without TF32 mma.sync, gets mtc = 0 (the first tunables the limits allow),
+    not a V7 removed from selection."""
+    ctx = dict(cu._DEFAULT_LIMITS)
+    big, usual = Problem(4001, 97, 128, "diag", "float32"), Problem(500_000, 36, 128, "diag", "float32")
+    assert V7.default_tunables()["mtc"] == 1 and V7.allows(usual, extra=ctx) and not V7.allows(big, extra=ctx)
+    assert V7.first_allowed(big, extra=ctx)["mtc"] == 0
+    be = object.__new__(cu.CudaBackend)   # what is asked here needs the limit context only, not a device
+    monkeypatch.setattr(be, "limit_context", lambda: dict(ctx, cc=75))
+    assert be.tunables_for(V7, usual) == dict(V7.default_tunables(), mtc=0)
+    assert V7 in be.covariance_variants(usual) and V7 in be.covariance_variants(big)
+    monkeypatch.setattr(be, "limit_context", lambda: dict(ctx))
+    assert be.tunables_for(V7, usual) == V7.default_tunables()
 
 
 REASON = cu.CudaBackend.unavailable_reason()
@@ -86,6 +138,24 @@ def test_v7_matches_reference(shape, offset, rng):
     np.testing.assert_allclose(post, rpost, atol=1e-3)
 
 
+TC_SHAPES = [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (300, 4, 2), (3001, 11, 40), (20_001, 36, 128),
+             (2000, 24, 72)]
+
+
+@gpu
+@pytest.mark.parametrize("tun", [{"mtc": 0}, {"tc_wm": 1}, {"tc_wm": 2}], ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+@pytest.mark.parametrize("offset", [0.0, 1000.0])
+@pytest.mark.parametrize("shape", TC_SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
+def test_v7_both_m_phases_match_reference(shape, offset, tun, rng):
+    """The M-step sums on the tensor cores (3xTF32, the default) and on the CUDA cores (mtc = 0): float32
+    accuracy, data far from the origin included; (3001, 11, 40) and (2000, 24, 72) with tc_wm = 2: a
+    last warp with one component tile of two; (700, 3, 1): warps that split the events."""
+    N, D, M = shape
+    X = make_blobs(rng, N, D, M, offset=offset, dtype=np.float32)
+    (weights, means, covars), run, r = session_vs_reference(rng, X, M, "diag", "V7", tun, iters=3)
+    _check(covars, means, weights, run.loglik, r)
+
+
 @gpu
 @pytest.mark.parametrize("bps", [1, 3])
 def test_v7_tunables(bps, rng):
@@ -110,7 +180,8 @@ def _flags(s, D, M):
 
 
 @gpu
-def test_v7_guard_flags_only_cancelling_components(rng):
+@pytest.mark.parametrize("mtc", [0, 1])
+def test_v7_guard_flags_only_cancelling_components(mtc, rng):
     """Tight components far from the data mean are recomputed exactly (and the result is accurate);
     ordinary blobs are not flagged, so the fused sums are what runs."""
     from asp_gmm import reference as ref
@@ -120,7 +191,7 @@ def test_v7_guard_flags_only_cancelling_components(rng):
         r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
         be, p, s = _session(X, 8, w, mu, cv)
         try:
-            run = s.em(be.kernel(V7, None, p), 1, 1, 0.0, 1e-6)
+            run = s.em(be.kernel(V7, {"mtc": mtc}, p), 1, 1, 0.0, 1e-6)
             flags = _flags(s, 12, 8)
             weights, means, covars = s.params()
         finally:
@@ -130,7 +201,8 @@ def test_v7_guard_flags_only_cancelling_components(rng):
 
 
 @gpu
-def test_v7_exact_pass_serves_scattered_flags(rng):
+@pytest.mark.parametrize("mtc", [0, 1])
+def test_v7_exact_pass_serves_scattered_flags(mtc, rng):
     """The exact fallback takes the flagged components 4 at a time by ballots over 32 flags: flags on
     both sides of a 32-component boundary, 8 of 40 (two passes), the others left to the fused sums."""
     from asp_gmm import reference as ref
@@ -148,7 +220,7 @@ def test_v7_exact_pass_serves_scattered_flags(rng):
     r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
     be, p, s = _session(X, M, w, mu, cv)
     try:
-        run = s.em(be.kernel(V7, None, p), 1, 1, 0.0, 1e-6)
+        run = s.em(be.kernel(V7, {"mtc": mtc}, p), 1, 1, 0.0, 1e-6)
         flags = _flags(s, D, M)
         weights, means, covars = s.params()
     finally:
