@@ -1,5 +1,6 @@
-"""V7, the diagonal covariance fused into the E-step (variants/cuda/cov_v7.cu.j2): its geometry (one
-definition in v7.toml [derived] for the manifest and the template; checked without a GPU), and on a GPU
+"""V7, the diagonal covariance fused into the E-step (variants/cuda/cov_v7.cu.j2): the geometry of both
+M phases (tensor cores, the default, and CUDA cores; one definition in v7.toml [derived] for the manifest
+and the template; checked without a GPU) and the fallback from one to the other, and on a GPU
 the cases the generic variant tests do not reach: data far from the origin, components whose centring
 would cancel (the exact fallback must run, and only then), more M-phase tiles than threads, blocks
 without events, the session's switch between the plain and the fused E-step."""
