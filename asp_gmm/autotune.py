@@ -67,15 +67,18 @@ def configs_for(backend, problem: Problem, tunables: bool = False, variants=None
     every combination its limits allow; ``variants`` restricts the names."""
     out = []
     ctx = backend.limit_context()
-    for v in backend.covariance_variants(problem):
+    for v in backend.covariance_variants():
         if variants and v.name not in variants:
+            continue
+        first = backend.tunables_for(v, problem)   # None: the variant cannot run the problem
+        if first is None:
             continue
         if tunables and v.tunables:
             for t in v.tunable_space():
                 if v.allows(problem, t, extra=ctx):
                     out.append(Config.of(v, t))
         else:
-            out.append(Config.of(v, backend.tunables_for(v, problem)))
+            out.append(Config.of(v, first))
     return out
 
 

@@ -107,8 +107,11 @@ class Specializer:
             return [Config.of(v, tun)]
         # a manifest may keep its variant out of automatic selection (selectable = false: measured
         # slower where it runs; still pinnable and tested); exploring it would only cost compiles
-        cands = [Config.of(v, self.backend.tunables_for(v, problem)) for v in self.backend.covariance_variants(problem)
-                 if v.extra.get("selectable", True)]
+        cands = []
+        for v in self.backend.covariance_variants():
+            tun = self.backend.tunables_for(v, problem) if v.extra.get("selectable", True) else None
+            if tun is not None:   # one walk of the tunables per variant, not a filter and then a pick
+                cands.append(Config.of(v, tun))
         if not cands:
             raise VariantNotApplicableError(
                 f"no {self.backend.name} variant can run N={problem.N}, D={problem.D}, M={problem.M} "
