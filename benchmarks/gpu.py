@@ -339,8 +339,8 @@ def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
         torch.cuda.empty_cache()
 
 
-def profile_once(X, params, cvtype, variant="V5", tunables=None):
-    """Two EM iterations through the backend and nothing else, for a profiler (ncu -k ...): the
+def profile_once(X, params, cvtype, variant="V5", tunables=None, iters=2):
+    """``iters`` EM iterations through the backend and nothing else, for a profiler (ncu -k ...): the
     kernels of what train() runs, the first iteration loading the binaries."""
     from asp_gmm.backends.cuda import CudaBackend
     from asp_gmm.problem import Problem
@@ -351,7 +351,7 @@ def profile_once(X, params, cvtype, variant="V5", tunables=None):
     try:
         k = be.kernel(registry.get("cuda", variant, "covariance"), tunables or {}, p)
         s.set_params(*params, REG)
-        s.em(k, 2, 2, 0.0, REG)
+        s.em(k, iters, iters, 0.0, REG)
     finally:
         s.close()
 
