@@ -173,6 +173,15 @@ def _session(X, M, w, mu, cv):
     return be, p, s
 
 
+def _fill_scratch(s, byte):
+    """A scratch buffer filled with ``byte`` before V7's first E-step reads its flags there: 0x00 (no
+    resp row stored, so the exact fallback recomputes the posteriors of the components it flags) or
+    0xff (NaN flags: every row stored)."""
+    nbytes = 1 << 24
+    with s.dev.active():
+        s.drv.memset_d8(s.buf.ensure_scratch(nbytes), byte, nbytes)
+
+
 def _flags(s, D, M):
     out = np.zeros(D + M, np.float64)
     with s.dev.active():
@@ -181,10 +190,13 @@ def _flags(s, D, M):
 
 
 @gpu
+@pytest.mark.parametrize("fill", [0x00, 0xFF], ids=["recomputed", "stored"])
 @pytest.mark.parametrize("mtc", [0, 1])
-def test_v7_guard_flags_only_cancelling_components(mtc, rng):
-    """Tight components far from the data mean are recomputed exactly (and the result is accurate);
-    ordinary blobs are not flagged, so the fused sums are what runs."""
+def test_v7_guard_flags_only_cancelling_components(mtc, fill, rng):
+    """Tight components far from the data mean are recomputed exactly (and the result is accurate),
+    from their resp rows or, where the E-step before did not store them, from posteriors recomputed
+    from its parameters; ordinary blobs are neither flagged nor watched, so the fused sums are what
+    runs."""
     from asp_gmm import reference as ref
     from v6_probe import labelled_blobs
     for spread, scale, want in ((100.0, 0.05, True), (1.0, 1.0, False)):
@@ -192,18 +204,20 @@ def test_v7_guard_flags_only_cancelling_components(mtc, rng):
         r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
         be, p, s = _session(X, 8, w, mu, cv)
         try:
+            _fill_scratch(s, fill)
             run = s.em(be.kernel(V7, {"mtc": mtc}, p), 1, 1, 0.0, 1e-6)
             flags = _flags(s, 12, 8)
             weights, means, covars = s.params()
         finally:
             s.close()
-        assert (flags != 0).all() if want else not flags.any(), flags
+        assert (flags == 1.0).all() if want else not flags.any(), flags
         _check(covars, means, weights, run.loglik, r, rtol=5e-5)
 
 
 @gpu
+@pytest.mark.parametrize("fill", [0x00, 0xFF], ids=["recomputed", "stored"])
 @pytest.mark.parametrize("mtc", [0, 1])
-def test_v7_exact_pass_serves_scattered_flags(mtc, rng):
+def test_v7_exact_pass_serves_scattered_flags(mtc, fill, rng):
     """The exact fallback takes the flagged components 4 at a time by ballots over 32 flags: flags on
     both sides of a 32-component boundary, 8 of 40 (two passes), the others left to the fused sums."""
     from asp_gmm import reference as ref
@@ -221,19 +235,21 @@ def test_v7_exact_pass_serves_scattered_flags(mtc, rng):
     r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
     be, p, s = _session(X, M, w, mu, cv)
     try:
+        _fill_scratch(s, fill)
         run = s.em(be.kernel(V7, {"mtc": mtc}, p), 1, 1, 0.0, 1e-6)
         flags = _flags(s, D, M)
         weights, means, covars = s.params()
     finally:
         s.close()
-    assert np.flatnonzero(flags).tolist() == far.tolist(), flags
+    assert np.flatnonzero(flags == 1.0).tolist() == far.tolist(), flags
     _check(covars, means, weights, run.loglik, r, rtol=5e-5)
 
 
 @gpu
 def test_v7_after_plain_estep_and_failed_step(rng):
     """loglik() runs the plain E-step (no sums): the next em must run V7's own E-step first; two em
-    calls in a row continue from the sums the last E-step left."""
+    calls in a row continue from the sums the last E-step left; eval then gives every posterior row
+    (V7's E-step stores only those its exact fallback may need)."""
     from asp_gmm import reference as ref
     X = make_blobs(rng, 20_011, 10, 6, dtype=np.float32)
     w, mu, cv = init_params(rng, X, 6, "diag")
@@ -246,6 +262,10 @@ def test_v7_after_plain_estep_and_failed_step(rng):
         assert first.loglik_trace[0] == pytest.approx(ll0, rel=1e-6)
         run = s.em(k, 2, 2, 0.0, 1e-6)
         weights, means, covars = s.params()
+        # V7's E-step stores only the resp rows its exact fallback may need: eval must give them all
+        lp, post = s.eval(want_resp=True)
     finally:
         s.close()
     _check(covars, means, weights, run.loglik, r)
+    np.testing.assert_allclose(post, r["resp"], atol=1e-4)
+    np.testing.assert_allclose(lp, r["logprob"], rtol=1e-4, atol=1e-3)

@@ -260,7 +260,8 @@ class Launch:
 #: Names a launch table's ``args`` may use, with their pycuda types (P: device pointer, i: int32).
 ARG_TYPES = {"xt": "P", "resp": "P", "means": "P", "nk": "P", "acc": "P", "scratch": "P",
              "prec": "P", "logc": "P", "logp": "P", "stat": "P", "n": "i", "ldn": "i", "d": "i", "m": "i",
-             "mu64": "P", "w64": "P", "params": "P", "backup": "P", "pvec": "i"}
+             "mu64": "P", "w64": "P", "params": "P", "backup": "P", "pvec": "i",
+             "bmu64": "P", "bprec": "P", "blogc": "P"}
 #: The standard argument lists (the order of ASP_COV_ARGS and of the E-step kernels).
 COV_ARGS = ("xt", "resp", "means", "nk", "acc", "scratch", "n", "ldn")
 ESTEP_ARGS = ("xt", "means", "prec", "logc", "resp", "logp", "stat", "n", "ldn")
@@ -760,6 +761,8 @@ class CudaSession(Session):
         self._closed = False
         self._stale = True
         self._fused_sums = None    # the fused variant whose M-step sums the last E-step left, if any
+        self._resp_whole = False   # whether resp holds every row of the last E-step (a fused one may
+                                   # store only the rows its exact fallback needs)
         self._launched = []
         self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
         self.phase_seconds = []
@@ -844,7 +847,10 @@ class CudaSession(Session):
                "stat": lambda: int(b.stat), "n": lambda: np.int32(p.N), "ldn": lambda: np.int32(b.ldn),
                "d": lambda: np.int32(p.D), "m": lambda: np.int32(p.M),
                "mu64": lambda: b.ptr("mu64"), "w64": lambda: b.ptr("w64"), "params": lambda: int(b.params),
-               "backup": lambda: int(b.backup), "pvec": lambda: np.int32(b.param_vec)}
+               "backup": lambda: int(b.backup), "pvec": lambda: np.int32(b.param_vec),
+               # the parameters of the last E-step (every E-step copies them to the backup)
+               "bmu64": lambda: int(b.backup) + b.off["mu64"], "bprec": lambda: int(b.backup) + b.off["prec"],
+               "blogc": lambda: int(b.backup) + b.off["logc"]}
         return [val[a]() for a in names]
 
     def _plan(self, mod: _Module, default_args: tuple, scratch_bytes: bool = False, phase=None):
@@ -911,6 +917,7 @@ class CudaSession(Session):
         self._ll = ll
         self._stale = False
         self._fused_sums = fused
+        self._resp_whole = fused is None
         return ll
 
     @staticmethod
@@ -965,8 +972,8 @@ class CudaSession(Session):
         self.phase_seconds = []
         fused = mod.fused
         with self.dev.active():
-            if self._stale or (fused and self._fused_sums is not mod):
-                self._run_estep(mod if fused else None)
+            if self._stale or (fused and self._fused_sums is not mod) or not (fused or self._resp_whole):
+                self._run_estep(mod if fused else None)   # (a plain M-step reads every row of resp)
             ll = self._ll
             trace = [float(ll)]
             e = b.events
@@ -1020,7 +1027,7 @@ class CudaSession(Session):
     def eval(self, want_resp: bool = True):
         p, b = self.problem, self.buf
         with self.dev.active():
-            if self._stale:
+            if self._stale or (want_resp and not self._resp_whole):
                 self._run_estep()
             logp = np.empty(b.ldn, p.np_dtype)
             self.drv.memcpy_dtoh(logp, b.logp)
