@@ -48,12 +48,10 @@ def _jobs():
             continue
         for D, M, cv, dt in CLASSES:
             p = Problem(1000, D, M, cv, dt)
-            tun = v.default_tunables()
-            if v.phase != "core" and not v.allows(p, tun, extra=ctx):
-                # the first combination the limits allow, if any (as the backend would pick)
-                tun = next((t for t in v.tunable_space() if v.allows(p, t, extra=ctx)), None)
-                if tun is None:
-                    continue
+            # the first combination the limits allow, if any (as the backend would pick)
+            tun = v.default_tunables() if v.phase == "core" else v.first_allowed(p, extra=ctx)
+            if tun is None:
+                continue
             jobs[(v.name, D, M, cv, dt, tuple(sorted(tun.items())))] = (v, tun, p)
             for path in PATHS.get(v.name, []):
                 tun = dict(v.default_tunables(), **path)
