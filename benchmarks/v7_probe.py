@@ -19,7 +19,7 @@ from gpu import REG, blobs, init_params  # noqa: E402
 
 
 #: the tunables timed side by side after the per-iteration table
-SWEEP = [{}, {"tc_wm": 1}, {"mtc": 0}, {"flush": 32}, {"bps": 1}]
+SWEEP = [{}, {"tc_wm": 1}, {"mtc": 0}, {"flush": 32}, {"bps": 1}, {"bps": 3}, {"bps": 4}]
 #: the tunables whose unguarded accuracy is measured: the M-phase sums on the tensor cores and on the CUDA cores
 ACCURACY = [{}, {"mtc": 0}]
 

@@ -68,7 +68,8 @@ def test_v7_tensor_core_geometry_is_consistent(shape, tc_wm):
     assert 1 <= env["ES"] * env["WGM"] * env["WGN"] <= env["NW"] and env["LDR"] % 8 == 4
     assert env["SMEM"] <= ctx["smem_optin"]
     src = cu.render_source(V7, tun, p)
-    for name in ("NTH", "TE", "ES", "XS", "NB", "WM", "WN", "WGM", "WGN"):
+    assert env["TE"] % env["EV"] == 0 and env["WM"] * env["WN"] <= 12
+    for name in ("NTH", "TE", "ES", "XS", "NB", "WM", "WN", "WGM", "WGN", "EV"):
         assert f"#define {name} {env[name]}" in src
     grid, block, shared = next(s for s in cu.launches(V7) if s.phase == "estep").config(dict(env, ldn=N))
     assert block[0] == env["NTH"] and shared == env["SMEM"]
@@ -88,6 +89,8 @@ def test_v7_shapes_reach_every_code_path():
                                                                               tc_wm=2), **ctx))
           for N, D, M in TC_SHAPES]
     assert any(e["ES"] > 1 for e in tc) and any(e["WM"] > 1 for e in tc) and any(e["TMT"] % e["WM"] for e in tc)
+    # E-phase thread tiles of 4, 2 and 1 events, and warps with several column tiles that split the events
+    assert {e["EV"] for e in tc} == {1, 2, 4} and any(e["ES"] > 1 and e["WN"] > 1 for e in tc)
 
 
 def test_v7_runs_on_the_cuda_cores_where_the_tensor_cores_cannot(monkeypatch):
@@ -140,7 +143,7 @@ def test_v7_matches_reference(shape, offset, rng):
 
 
 TC_SHAPES = [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (300, 4, 2), (3001, 11, 40), (20_001, 36, 128),
-             (2000, 24, 72)]
+             (2000, 24, 72), (6007, 71, 3)]
 
 
 @gpu
@@ -158,7 +161,7 @@ def test_v7_both_m_phases_match_reference(shape, offset, tun, rng):
 
 
 @gpu
-@pytest.mark.parametrize("bps", [1, 3])
+@pytest.mark.parametrize("bps", [1, 3, 4])
 def test_v7_tunables(bps, rng):
     X = make_blobs(rng, 30_011, 21, 8, dtype=np.float32)
     (weights, means, covars), run, r = session_vs_reference(rng, X, 8, "diag", "V7", {"bps": bps}, iters=3)
