@@ -14,10 +14,10 @@ import numpy as np
 
 from asp_gmm import registry
 from asp_gmm.backends import cuda as cu
-from asp_gmm.problem import Problem
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu import REG, blobs, init_params  # noqa: E402
+from gpu import REG  # noqa: E402
+from v7_probe import benchmark_session  # noqa: E402
 
 PHASES = ["wait", "build", "E", "LSE", "M"]
 
@@ -64,15 +64,8 @@ def main():
         return instrument(src) if variant.name == "V7" else src
 
     cu.render_source = render
-    rng = np.random.default_rng(2026)
-    X = blobs(rng, N, D, M)
-    params = init_params(rng, X, M, "diag")
-    be = cu.CudaBackend()
-    p = Problem(N, D, M, "diag", "float32")
-    s = be.open(X, p)
+    be, s, k, _, p = benchmark_session(N, D, M)
     try:
-        k = be.kernel(registry.get("cuda", "V7", "covariance"), {}, p)
-        s.set_params(*params, REG)
         s.em(k, iters, iters, 0.0, REG)   # converge towards the timed iterations' state
         mod = next(m for m in be._modules.values() if getattr(m.variant, "name", "") == "V7")
         ptr, size = mod.module.get_global("v7_clk")

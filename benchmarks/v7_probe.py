@@ -24,8 +24,9 @@ SWEEP = [{}, {"tc_wm": 1}, {"mtc": 0}, {"flush": 32}, {"bps": 1}, {"bps": 3}, {"
 ACCURACY = [{}, {"mtc": 0}]
 
 
-def main():
-    N, D, M, iters = (int(a) for a in (sys.argv[1:5] + ["500000", "36", "128", "8"][len(sys.argv[1:5]):]))
+def benchmark_session(N, D, M):
+    """The benchmark's data and start (benchmarks/gpu.py) in a CUDA session, its parameters set, and V7
+    at its defaults: (backend, session, kernel, params, problem). The caller closes the session."""
     rng = np.random.default_rng(2026)
     X = blobs(rng, N, D, M)
     params = init_params(rng, X, M, "diag")
@@ -35,6 +36,16 @@ def main():
     try:
         k = be.kernel(registry.get("cuda", "V7", "covariance"), {}, p)
         s.set_params(*params, REG)
+    except BaseException:
+        s.close()
+        raise
+    return be, s, k, params, p
+
+
+def main():
+    N, D, M, iters = (int(a) for a in (sys.argv[1:5] + ["500000", "36", "128", "8"][len(sys.argv[1:5]):]))
+    be, s, k, params, p = benchmark_session(N, D, M)
+    try:
         print(f"{'it':>3} {'iter ms':>8} {'finish':>7} {'exact':>7} {'F+E':>7} {'flagged':>7} {'loglik/N':>10}")
         for it in range(iters):
             run = s.em(k, 1, 1, 0.0, REG)
