@@ -46,7 +46,7 @@ V6_GPU = [  # tests/test_cuda_v6.py and benchmarks/v6_probe.py: (D, M, tunables)
 V7_GPU = [  # tests/test_cuda_v7.py: (D, M, tunables), diag float32
     (36, 16, {}), (19, 5, {}), (3, 1, {}), (97, 128, {}), (4, 2, {}), (21, 8, {"bps": 1}), (21, 8, {"bps": 3}),
     (21, 8, {"bps": 4}), (12, 8, {}), (10, 6, {}), (11, 40, {}), (7, 40, {}), (36, 128, {}), (24, 80, {}),
-    (71, 3, {})]
+    (71, 3, {}), (24, 32, {})]
 
 
 def jobs():

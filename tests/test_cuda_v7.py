@@ -69,7 +69,7 @@ def test_v7_tensor_core_geometry_is_consistent(shape, tc_wm):
     assert env["SMEM"] <= ctx["smem_optin"]
     src = cu.render_source(V7, tun, p)
     assert env["TE"] % env["EV"] == 0 and env["WM"] * env["WN"] <= 12
-    for name in ("NTH", "TE", "ES", "XS", "NB", "WM", "WN", "WGM", "WGN", "EV"):
+    for name in ("NTH", "TE", "ES", "XS", "NB", "WM", "WN", "WGM", "WGN", "EV", "TCO"):
         assert f"#define {name} {env[name]}" in src
     grid, block, shared = next(s for s in cu.launches(V7) if s.phase == "estep").config(dict(env, ldn=N))
     assert block[0] == env["NTH"] and shared == env["SMEM"]
@@ -91,6 +91,9 @@ def test_v7_shapes_reach_every_code_path():
     assert any(e["ES"] > 1 for e in tc) and any(e["WM"] > 1 for e in tc) and any(e["TMT"] % e["WM"] for e in tc)
     # E-phase thread tiles of 4, 2 and 1 events, and warps with several column tiles that split the events
     assert {e["EV"] for e in tc} == {1, 2, 4} and any(e["ES"] > 1 and e["WN"] > 1 for e in tc)
+    # both mma orders: term by term over a warp's tiles (TCO = 1) and column tile by column tile (0), each with
+    # several component tiles a warp
+    assert {e["TCO"] for e in tc} == {0, 1} and {e["TCO"] for e in tc if e["WM"] > 1} == {0, 1}
 
 
 def test_v7_runs_on_the_cuda_cores_where_the_tensor_cores_cannot(monkeypatch):
@@ -143,7 +146,7 @@ def test_v7_matches_reference(shape, offset, rng):
 
 
 TC_SHAPES = [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (300, 4, 2), (3001, 11, 40), (20_001, 36, 128),
-             (2000, 24, 72), (6007, 71, 3)]
+             (2000, 24, 72), (6007, 71, 3), (2001, 24, 32)]
 
 
 @gpu
@@ -153,7 +156,8 @@ TC_SHAPES = [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (300, 4, 2), (3001, 1
 def test_v7_both_m_phases_match_reference(shape, offset, tun, rng):
     """The M-step sums on the tensor cores (3xTF32, the default) and on the CUDA cores (mtc = 0): float32
     accuracy, data far from the origin included; (3001, 11, 40) and (2000, 24, 72) with tc_wm = 2: a
-    last warp with one component tile of two; (700, 3, 1): warps that split the events."""
+    last warp with one component tile of two; (700, 3, 1): warps that split the events; (2001, 24, 32): two
+    component tiles a warp in the term-by-term mma order (TCO = 1)."""
     N, D, M = shape
     X = make_blobs(rng, N, D, M, offset=offset, dtype=np.float32)
     (weights, means, covars), run, r = session_vs_reference(rng, X, M, "diag", "V7", tun, iters=3)
