@@ -11,11 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from asp_gmm.backends import cuda as cu
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import REG  # noqa: E402
-from v7_probe import benchmark_session  # noqa: E402
+from v7_probe import benchmark_session, replace_once, rewrite_v7  # noqa: E402
 
 _NO_M = ("            v7tc_msums(wm, wn, mgrp, xT, rs, tot);\n", "")
 _NO_E = ("            v7_logp(g, h, xT, pT, qT, cs, lp);\n",
@@ -35,17 +33,14 @@ BUILDS = {
 def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in (sys.argv[1:2] or ["500000x36x128"])[0].split(",")]
     builds = (sys.argv[2:3] or [",".join(BUILDS)])[0].split(",")
-    plain, current = cu.render_source, [[]]
+    current = [[]]
 
-    def render(variant, tunables, problem):
-        src = plain(variant, tunables, problem)
-        if variant.name == "V7":
-            for old, new in current[0]:
-                assert src.count(old) == 1, f"anchor not found once: {old!r}"
-                src = src.replace(old, new)
+    def edit(src):
+        for old, new in current[0]:
+            src = replace_once(src, old, new)
         return src
 
-    cu.render_source = render
+    rewrite_v7(edit)
     print(f"{'shape':<16} {'build':<10} {'iter ms':>8} {'F+E ms':>8}")
     for N, D, M in shapes:
         for _ in range(2):

@@ -1,7 +1,8 @@
 """Where V7's fused E-step spends its time (H100 notes, issue 5): the kernel rebuilt with clock64()
 stamps at its phase barriers, per tile of events: wait (the top barrier: cp.async of this tile's x and
 the slowest warp's M phase of the tile before), build (x' and x'^2), E (log p), LSE (log-sum-exp and
-posteriors), M (this thread's M-phase sums and flushes, no barrier after it). Thread 0 of every block
+posteriors), M (the copy of the stored resp rows, this thread's M-phase sums and flushes, no barrier
+after it). Thread 0 of every block
 adds its cycles to a device array; the table gives each phase's share and its cycles per tile. A phase
 ends at the barrier after it, so each share includes the wait for the block's slowest warp there.
 The stamps themselves cost a few cycles per phase; the run is for proportions, not for timings.
@@ -13,11 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from asp_gmm import registry
-from asp_gmm.backends import cuda as cu
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu import REG  # noqa: E402
-from v7_probe import benchmark_session  # noqa: E402
+from v7_probe import benchmark_session, replace_once, rewrite_v7  # noqa: E402
 
 PHASES = ["wait", "build", "E", "LSE", "M"]
 
@@ -26,19 +26,15 @@ _STAMPS = [
     ("        __syncthreads();   /* this tile's x has landed", None),   # the stamp goes after the statement
     ("        __syncthreads();\n        /* the next tile's loads fly", None),
     ("        __syncthreads();\n        /* c. log-sum-exp", None),
-    ("        __syncthreads();\n        /* d. the M-step sums", None),
+    ("        __syncthreads();\n        /* the stored resp rows", None),   # the M share includes their copy
 ]
 
 
 def instrument(src: str) -> str:
     """V7's rendered source with the phase stamps (asserts that every anchor is found once)."""
-    def once(s, old, new):
-        assert s.count(old) == 1, f"anchor not unique: {old!r}"
-        return s.replace(old, new)
-
     head = re.search(r'extern "C" __global__ void __launch_bounds__\([^)]*\)\nasp_v7_estep\(', src)
     src = src[:head.start()] + "__device__ unsigned long long v7_clk[8];\n" + src[head.start():]
-    src = once(src, "    const int ntiles = (n + TE - 1) / TE;\n",
+    src = replace_once(src, "    const int ntiles = (n + TE - 1) / TE;\n",
                "    const int ntiles = (n + TE - 1) / TE;\n"
                "    unsigned long long ck[5] = {0, 0, 0, 0, 0};\n    long long ct = clock64();\n")
     for i, (anchor, _) in enumerate(_STAMPS):
@@ -46,7 +42,7 @@ def instrument(src: str) -> str:
         pos = src.index(anchor) + anchor.index(stmt_end) + len(stmt_end)
         assert src.count(anchor) == 1, anchor
         src = src[:pos] + f" {{ const long long cn = clock64(); ck[{i}] += cn - ct; ct = cn; }}" + src[pos:]
-    src = once(src, "    }\n    if (first && mact) {",
+    src = replace_once(src, "    }\n    if (first && mact) {",
                "        { const long long cn = clock64(); ck[4] += cn - ct; ct = cn; }\n"
                "    }\n"
                "    if (tid == 0) { for (int i = 0; i < 5; i++) atomicAdd(&v7_clk[i], ck[i]);\n"
@@ -57,13 +53,7 @@ def instrument(src: str) -> str:
 
 def main():
     N, D, M, iters = (int(a) for a in (sys.argv[1:5] + ["500000", "36", "128", "8"][len(sys.argv[1:5]):]))
-    plain = cu.render_source
-
-    def render(variant, tunables, problem):
-        src = plain(variant, tunables, problem)
-        return instrument(src) if variant.name == "V7" else src
-
-    cu.render_source = render
+    rewrite_v7(instrument)
     be, s, k, _, p = benchmark_session(N, D, M)
     try:
         s.em(k, iters, iters, 0.0, REG)   # converge towards the timed iterations' state

@@ -24,6 +24,24 @@ SWEEP = [{}, {"tc_wm": 1}, {"mtc": 0}, {"flush": 32}, {"bps": 1}, {"bps": 3}, {"
 ACCURACY = [{}, {"mtc": 0}]
 
 
+def rewrite_v7(edit):
+    """From now on (this process), V7's source is rendered through ``edit(source) -> source``: the
+    rebuilt kernels of benchmarks/v7_phases.py and benchmarks/v7_cost.py."""
+    plain = cu.render_source
+
+    def render(variant, tunables, problem):
+        src = plain(variant, tunables, problem)
+        return edit(src) if variant.name == "V7" else src
+
+    cu.render_source = render
+
+
+def replace_once(src: str, old: str, new: str) -> str:
+    """``src`` with ``old`` replaced by ``new``; asserts that ``old`` occurs exactly once."""
+    assert src.count(old) == 1, f"anchor not found once: {old!r}"
+    return src.replace(old, new)
+
+
 def benchmark_session(N, D, M):
     """The benchmark's data and start (benchmarks/gpu.py) in a CUDA session, its parameters set, and V7
     at its defaults: (backend, session, kernel, params, problem). The caller closes the session."""

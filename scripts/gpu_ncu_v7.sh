@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Nsight Compute on V7's fused E-step at (500000, 36, 128) diag (issue 5, sixth pass): speed of light,
 # occupancy, scheduler and warp-state statistics; the full report in $OUT/ncu.txt, the key lines last.
-#   source .gpu/device-env.sh && export OUT && [TUN='{"lse_regs": 0}'] bash scripts/gpu_ncu_v7.sh
+#   source .gpu/device-env.sh && export OUT && [TUN='{"mtc": 0}'] bash scripts/gpu_ncu_v7.sh
 # ITERS (EM iterations run, default 2) and NCU_SKIP (asp_v7_estep launches skipped, default 1) pick the
 # iteration profiled: the first ones from the broad start are not the converged ones the timings report.
 source scripts/gpu_common.sh
