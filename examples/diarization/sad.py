@@ -4,9 +4,12 @@ that are re-trained on the recording itself.
 1. Energy bootstrap: frames clearly above the level between the recording's noise floor (10th
    percentile of frame log-energy) and its speech level (95th percentile) seed the speech model,
    frames clearly below it the non-speech model.
-2. ``iters`` times: train a speech GMM and a non-speech GMM (diagonal, asp_gmm) on 13 cepstra
-   and their deltas of the current labels, and label every frame by the log-likelihood ratio
-   averaged over a short centred window (0.3 s).
+2. ``iters`` times: train a speech GMM and a non-speech GMM (diagonal, asp_gmm) on cepstra
+   c1..c12 and their deltas of the current labels, and label every frame by the log-likelihood
+   ratio averaged over a short centred window (0.3 s). The level (c0) is left out: it already
+   chose the bootstrap, and without it the models judge the spectral shape, so quiet speech
+   inside a turn stays speech and loud breath or bumps need not (on the AMI clips of the
+   development set: false alarm 25.9 -> 13.2 % on one, missed 14.3 -> 11.3 % on another).
 3. Gaps inside speech shorter than ``max_gap`` are closed, speech runs shorter than ``min_speech``
    dropped.
 
@@ -63,7 +66,8 @@ def smooth_decision(llr: np.ndarray, width: int, bias: float = 0.0) -> np.ndarra
 def gmm_speech(feats, gmm_factory, iters: int = 2, n_speech: int = 16, n_nonspeech: int = 8,
                boot_speech: float = 0.5, boot_nonspeech: float = 0.2, smooth: float = 0.3,
                bias: float = 0.0, max_gap: float = 0.3, min_speech: float = 0.2,
-               min_range_db: float = 8.0, n_cep: int = 13, em_iters: int = 5):
+               min_range_db: float = 8.0, n_cep: int = 13, em_iters: int = 5,
+               first_cep: int = 1):
     """Speech mask of the recording (see the module docstring). ``gmm_factory(M, D)`` builds an
     untrained diagonal GMM. Returns (mask, info dict)."""
     le = feats.log_energy
@@ -72,7 +76,8 @@ def gmm_speech(feats, gmm_factory, iters: int = 2, n_speech: int = 16, n_nonspee
     if hi - lo < min_range_db:
         return np.zeros(T, bool), {"reason": "flat level"}
     rel = (le - lo) / (hi - lo)
-    X = np.concatenate([feats.cep[:, :n_cep], deltas(feats.cep[:, :n_cep])], axis=1)
+    c = feats.cep[:, first_cep:n_cep]
+    X = np.concatenate([c, deltas(c)], axis=1)
     X = cmvn(X)
     sp = rel > boot_speech
     ns = rel < boot_nonspeech
