@@ -108,14 +108,14 @@ def build_parser():
                         "scale, is under --relative-threshold (relative); when the gain per frame "
                         "is under --merge-threshold (per-frame); when the BIC score is <= 0 (bic, "
                         "the seed)")
-    g.add_argument("--relative-threshold", type=float, default=0.42,
+    g.add_argument("--relative-threshold", type=float, default=0.49,
                    help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
                         "speaker's (first merge round); chosen on the development recordings")
     g.add_argument("--merge-threshold", type=float, default=-0.15,
                    help="per-frame rule: nats per frame")
     g.add_argument("--pre-iters", type=int, default=5,
                    help="EM iterations of every cluster model before the pairs are scored")
-    g.add_argument("--bic-iters", type=int, default=5,
+    g.add_argument("--bic-iters", type=int, default=0,
                    help="EM iterations of a merged model (0: --em-iters)")
     o = ap.add_argument_group("output")
     o.add_argument("--final", default="viterbi", choices=["viterbi", "sliding", "block"],
