@@ -23,7 +23,9 @@ is looped 30 times with fresh noise on every copy, 4 speakers):
     source .gpu/device-env.sh && python3 benchmarks/diarization.py --minutes 60 --backend cuda,c
 
 Columns: time = reading the audio to the speaker labels (library imports and asp_gmm's one-time
-compilation happen before the clock, as in diarize.py); read, feat(ures); E-step = scoring all
+compilation happen before the clock, as in diarize.py: its "processing" figure; the end-to-end
+figure of a fresh process is measured by benchmarks/diarization_real.py); read, feat(ures) + SAD
+(the speech detector's GMMs); E-step = scoring all
 frames under every cluster model (resegmentation); train = retraining the clusters; BIC = training
 the merged model of every pair; py = everything else (votes, gathering frames, output). With
 --jobs > 1 the GMM columns are wall time of concurrent calls.
@@ -117,7 +119,7 @@ def run_one(audio: Path, backend: str, extra: list[str]):
         "meeting": audio.name, "backend": r["backend"], "minutes": r["duration"] / 60,
         "n_ref": n_ref, "n_hyp": r["n_speakers"], "der": None if d is None else 100 * d["der"],
         "total": t["total"], "xrt": r["duration"] / t["total"], "read": t["load"],
-        "features": t["features"], "clustering": t["clustering"], "train": c.seconds["train"],
+        "features": t["features"] + t.get("sad", 0.0), "clustering": t["clustering"], "train": c.seconds["train"],
         "score": c.seconds["score"], "bic": c.seconds["bic"], "python": c.other + t["output"],
         "calls": dict(c.calls), "merges": c.merges, "warmup": t["warmup"],
     }
@@ -132,7 +134,7 @@ def fmt_row(r):
             f"{r['calls']['score']}/{r['calls']['train']}/{r['calls']['bic']} |")
 
 
-HEADER = ("| meeting        | backend | min   | spk ref/hyp | DER %  | time s  | x-RT    | read  | feat  "
+HEADER = ("| meeting        | backend | min   | spk ref/hyp | DER %  | time s  | x-RT    | read  | feat+SAD "
           "| E-step | train  | BIC    | py    | calls score/train/BIC |\n"
           "|" + "---|" * 14)
 

@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
-"""Speaker diarization ("who spoke when") with agglomerative GMM clustering on asp_gmm.
+"""Speaker diarization ("who spoke when") with Gaussian mixture models trained by asp_gmm.
 
     python examples/diarization/diarize.py AUDIO --rttm OUT.rttm [--ref REF.rttm]
         [--backend auto|c|cuda|numpy|sklearn] [--plot OUT.png]
 
-Reads WAV/FLAC (any rate, stereo mixed down), extracts 19 MFCCs (25 ms / 10 ms), drops non-speech
-(energy-based), clusters the speech frames with ICSI/PyCASP agglomerative GMM clustering, writes an
-RTTM and prints the number of speakers, the processing time and the x-realtime factor
-(audio seconds / processing seconds, from reading the audio to writing the RTTM, features
-included; library imports and the specializer's one-time compilation are done before the clock
-starts and are shown separately). With --ref it prints the DER (pyannote.metrics, +-0.25 s
-collar as NIST md-eval).
+Reads WAV/FLAC (any rate, stereo mixed down) and writes an RTTM:
+
+1. features: 20 cepstra of a 40-band log-mel spectrum (25 ms / 10 ms, NumPy only);
+2. speech activity: an energy detector bootstraps a speech GMM and a non-speech GMM that are
+   re-trained on the recording (sad.py);
+3. speakers: ICSI/PyCASP agglomerative clustering of the speech frames (19 cepstra, 8-component
+   GMMs, resegmentation with a 1.5 s vote, merging by compute_distance_BIC) that stops when the
+   best merge's gain per frame falls below a threshold on the recording's own scale (cluster.py);
+4. a final Viterbi resegmentation of the speech frames with the speakers' GMMs (reseg.py), then
+   segments: pauses under 0.5 s inside a speaker's turn are that speaker's, no segment under 0.2 s.
+
+It prints the number of speakers and two speeds: processing (reading the audio to the speaker
+labels; the one-time loading of the GMM code is done before this clock) and end to end (from
+the start of the Python process to the RTTM written, imports and warm-up included). With --ref
+it prints the DER (pyannote.metrics, +-0.25 s collar as NIST md-eval).
 
 Try it on the bundled meeting:
 
@@ -19,11 +27,14 @@ Try it on the bundled meeting:
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
-from pathlib import Path
+
+_T_SCRIPT = time.perf_counter()   # first statement: the end-to-end clock's fallback start
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -32,22 +43,54 @@ if str(HERE) not in sys.path:
 from features import FRAME_RATE, DiarizationError  # noqa: E402
 
 
+def process_age() -> float:
+    """Seconds since this process started (interpreter start-up included), from the kernel's
+    start time of the process; where /proc is missing, since the first line of this script."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = float(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+        if 0.0 <= age < 86400.0:
+            return age
+    except (OSError, ValueError, IndexError):
+        pass
+    return time.perf_counter() - _T_SCRIPT
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, but not "(default: None)" for options without one."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is argparse.SUPPRESS or action.required:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser():
     ap = argparse.ArgumentParser(
-        prog="diarize.py", description="Speaker diarization with agglomerative GMM clustering.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        prog="diarize.py", description="Speaker diarization with Gaussian mixture models (asp_gmm).",
+        formatter_class=_Formatter)
     ap.add_argument("audio", help="input audio (WAV, FLAC, ...)")
-    ap.add_argument("--rttm", required=True, help="output RTTM")
+    ap.add_argument("--rttm", required=True, help="output RTTM (required)")
     ap.add_argument("--ref", help="reference RTTM: print the DER")
     ap.add_argument("--backend", default="auto", choices=["auto", "c", "cuda", "numpy", "sklearn"],
                     help="GMM implementation; auto = asp_gmm's best, or scikit-learn without asp_gmm")
     ap.add_argument("--plot", help="write a PNG timeline of reference and hypothesis speakers")
-    g = ap.add_argument_group("clustering (defaults: the ICSI/PyCASP seed)")
+    ap.add_argument("--speakers", type=int, default=0,
+                    help="the number of speakers when it is known (0: found by the stopping rule)")
+    s = ap.add_argument_group("speech activity")
+    s.add_argument("--sad", default="gmm", choices=["gmm", "energy"],
+                   help="GMM speech/non-speech models bootstrapped from energy, or energy alone")
+    s.add_argument("--vad-threshold", type=float, default=0.35,
+                   help="energy detector: threshold between noise floor (0) and speech level (1)")
+    g = ap.add_argument_group("clustering")
     g.add_argument("--clusters", type=int, default=16, help="initial clusters")
-    g.add_argument("--components", type=int, default=5, help="Gaussians per initial cluster")
+    g.add_argument("--components", type=int, default=8, help="Gaussians per cluster model")
     g.add_argument("--segment", type=int, default=150,
                    help="majority-vote length, frames of 10 ms (the seed: 250)")
-    g.add_argument("--em-iters", type=int, default=3, help="EM iterations per training")
+    g.add_argument("--em-iters", type=int, default=3, help="EM iterations per retraining")
     g.add_argument("--cvtype", default="diag", choices=["diag", "full"], help="covariance type")
     g.add_argument("--seg-loops-init", type=int, default=2, help="resegmentations before merging")
     g.add_argument("--seg-loops", type=int, default=3, help="resegmentations per merge round")
@@ -56,42 +99,56 @@ def build_parser():
                    help="resegmentation vote: fixed blocks of --segment frames (the seed) or a "
                         "window of --segment frames centred on every frame")
     g.add_argument("--frames-per-component", type=int, default=200,
-                   help="a cluster's Gaussians follow its data: frames/this, between --components "
-                        "and --max-model-components (0: fixed, merged models keep M1+M2 as the seed)")
-    g.add_argument("--max-model-components", type=int, default=32,
-                   help="most Gaussians a cluster model gets from --frames-per-component")
-    g2 = ap.add_argument_group("output")
-    g2.add_argument("--final", default="sliding", choices=["sliding", "block"],
-                    help="final labels: sliding-window vote of the final models, or the seed's block vote")
-    g2.add_argument("--merge-gap", type=float, default=0.5,
-                    help="join same-speaker segments separated by a pause shorter than this (s)")
-    g2.add_argument("--vad-threshold", type=float, default=0.35,
-                    help="speech threshold between noise floor (0) and speech level (1)")
+                   help="a cluster's Gaussians follow its data, frames/this, between --components "
+                        "and --max-model-components (0: merged models keep M1+M2 as the seed)")
+    g.add_argument("--max-model-components", type=int, default=8,
+                   help="most Gaussians a cluster model gets (equal to --components: fixed size)")
+    g.add_argument("--merge-rule", default="relative", choices=["relative", "per-frame", "bic"],
+                   help="stop merging when the best pair's gain per frame, on the recording's "
+                        "scale, is under --relative-threshold (relative); when the gain per frame "
+                        "is under --merge-threshold (per-frame); when the BIC score is <= 0 (bic, "
+                        "the seed)")
+    g.add_argument("--relative-threshold", type=float, default=0.49,
+                   help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
+                        "speaker's (first merge round); chosen on the development recordings")
+    g.add_argument("--merge-threshold", type=float, default=-0.15,
+                   help="per-frame rule: nats per frame")
+    g.add_argument("--pre-iters", type=int, default=5,
+                   help="EM iterations of every cluster model before the pairs are scored")
+    g.add_argument("--bic-iters", type=int, default=0,
+                   help="EM iterations of a merged model (0: --em-iters)")
+    o = ap.add_argument_group("output")
+    o.add_argument("--final", default="viterbi", choices=["viterbi", "sliding", "block"],
+                   help="final labels: Viterbi resegmentation with the final models, their "
+                        "sliding-window vote, or the seed's last block vote")
+    o.add_argument("--penalty", type=float, default=40.0,
+                   help="Viterbi: cost of a change of speaker (nats)")
+    o.add_argument("--min-run", type=float, default=0.3,
+                   help="Viterbi: shortest speaker run (s of speech)")
+    o.add_argument("--merge-gap", type=float, default=0.5,
+                   help="join same-speaker segments separated by a pause shorter than this (s)")
+    o.add_argument("--min-segment", type=float, default=0.2,
+                   help="shortest segment written (s): shorter ones join a neighbour or are dropped")
     ap.add_argument("--jobs", type=int, default=0,
                     help="threads for independent GMM calls (clusters, BIC pairs); 0: one per CPU "
                          "core on asp_gmm's CPU backends (each call then runs on one thread), "
                          "1 on CUDA and scikit-learn")
-    ap.add_argument("--seed", type=int, default=0, help="seed passed to every GMM")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the initial cluster models (random distinct frames as means)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every merge round")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
 
 
-def warm_up_features():
-    """Import librosa's lazily loaded submodules and let numba load its compiled helpers (2-4 s on
-    the first call in a process) before the clock starts, by computing features of 3 s of noise."""
+def warm_up_gmm(backend_name: str, params):
+    """Let the GMM implementation load (asp_gmm: open its tuning history, compile or load the code
+    for the model sizes the run uses) before the processing clock runs."""
     import numpy as np
-    from features import compute_features
-    compute_features(np.random.default_rng(0).standard_normal(48000).astype(np.float32), 16000)
-
-
-def warm_up_gmm(backend_name: str, params, n_frames: int = 10_000):
-    """Let the GMM implementation load (and asp_gmm compile or load the code for every model size
-    the clustering can reach) before the clock runs."""
-    import numpy as np
+    import scipy.fft  # noqa: F401  (the feature front end's FFT; imported here, before the clock)
     from cluster import Backend
     be = Backend(backend_name)
-    be.prepare(19, range(1, params.max_components + 1), n_frames, params.cvtype, params.dtype)
+    be.prepare(19, sorted({params.n_components, params.max_components, 8, 16}), 10_000,
+               params.cvtype, params.dtype)
     rng = np.random.default_rng(0)
     X = rng.standard_normal((600, 19)).astype(params.dtype)
     g1 = be.GMM(params.n_components, 19, cvtype=params.cvtype, dtype=params.dtype,
@@ -106,7 +163,7 @@ def warm_up_gmm(backend_name: str, params, n_frames: int = 10_000):
 
 
 def check_audio_file(path, seg_len):
-    """Fail fast (before the slow imports) on a missing, unreadable, empty or too short file."""
+    """Fail fast (before the slow work) on a missing, unreadable, empty or too short file."""
     import soundfile as sf
     p = Path(path)
     if not p.exists():
@@ -158,12 +215,16 @@ def params_from_args(args):
                          reg_covar=args.reg_covar, vote=args.vote,
                          frames_per_component=args.frames_per_component,
                          max_model_components=args.max_model_components,
+                         merge_rule=args.merge_rule, relative_threshold=args.relative_threshold,
+                         merge_threshold=args.merge_threshold, pre_iters=args.pre_iters,
+                         bic_iters=args.bic_iters, n_speakers=max(0, args.speakers),
                          n_jobs=max(1, args.jobs))
 
 
 def diarize(audio_path, args, log=print):
     """Returns a dict with segments, timings and counts. Raises DiarizationError on bad input."""
     import numpy as np
+    import sad
     from cluster import Clusterer
     from features import compute_features, load_audio
     from rttm import labels_to_segments
@@ -177,45 +238,50 @@ def diarize(audio_path, args, log=print):
         # Parallel over clusters and pairs, so each asp_gmm call should use one thread (its
         # documented setting; read once, before the first call).
         os.environ.setdefault("ASP_GMM_NUM_THREADS", "1")
+    # The one-time loading/compilation of the GMM code is not part of the processing time.
     t0 = time.perf_counter()
-    warm_up_features()
+    be = warm_up_gmm(backend_name, params)
     t_warm = time.perf_counter() - t0
 
     t_start = time.perf_counter()
     x, sr = load_audio(audio_path)
     duration = len(x) / sr
     t_load = time.perf_counter()
-    feats = compute_features(x, sr, vad_threshold=args.vad_threshold)
+    feats = compute_features(x, sr)
     t_feat = time.perf_counter()
-    n_speech = int(feats.speech.sum())
+    if args.sad == "energy":
+        speech = sad.energy_speech(feats.log_energy, args.vad_threshold)
+    else:
+        speech, _ = sad.gmm_speech(feats, lambda M, D: be.GMM(M, D, cvtype="diag",
+                                                               reg_covar=1e-3, seed=0))
+    feats.speech = speech
+    t_sad = time.perf_counter()
+    n_speech = int(speech.sum())
     if n_speech == 0:
         raise DiarizationError(f"{audio_path}: no speech found (silence or stationary noise only)")
     if n_speech < params.seg_len:
         raise DiarizationError(f"{audio_path}: only {n_speech / FRAME_RATE:.2f} s of speech, less "
                                f"than one voting segment ({params.seg_len / FRAME_RATE:.2f} s)")
-    # The one-time loading/compilation of the GMM code is not part of the processing time.
-    t0 = time.perf_counter()
-    be = warm_up_gmm(backend_name, params, n_speech)
-    t_gmm_warm = time.perf_counter() - t0
-    t_warm += t_gmm_warm
-    Xs = feats.mfcc[feats.speech]
+    Xs = feats.mfcc[speech]
     clus = Clusterer(Xs, be, params, log=log if args.verbose else None, seed=args.seed)
     clus.run()
-    lab = clus.final_labels(args.final)
-    t_clus = time.perf_counter() - t_gmm_warm
+    lab = clus.final_labels(args.final, penalty=args.penalty,
+                            min_run=max(1, int(round(args.min_run * FRAME_RATE))))
+    t_clus = time.perf_counter()
     # Name speakers by order of first appearance.
     uniq, first_idx = np.unique(lab, return_index=True)
     rank = np.empty(len(uniq), int)
     rank[np.argsort(first_idx)] = np.arange(len(uniq))
-    full = np.full(len(feats.speech), -1)
-    full[feats.speech] = rank[np.searchsorted(uniq, lab)]
-    segments = labels_to_segments(full, FRAME_RATE, merge_gap=args.merge_gap)
-    t_end = time.perf_counter() - t_gmm_warm
+    full = np.full(len(speech), -1)
+    full[speech] = rank[np.searchsorted(uniq, lab)]
+    segments = labels_to_segments(full, FRAME_RATE, merge_gap=args.merge_gap,
+                                  min_duration=args.min_segment)
+    t_end = time.perf_counter()
     return {
-        "segments": segments, "n_speakers": len(uniq), "duration": duration,
+        "segments": segments, "n_speakers": len({s[2] for s in segments}), "duration": duration,
         "speech_seconds": n_speech / FRAME_RATE, "backend": be.name, "clusterer": clus,
         "times": {"warmup": t_warm, "load": t_load - t_start, "features": t_feat - t_load,
-                  "clustering": t_clus - t_feat, "output": t_end - t_clus,
+                  "sad": t_sad - t_feat, "clustering": t_clus - t_sad, "output": t_end - t_clus,
                   "total": t_end - t_start},
     }
 
@@ -238,7 +304,7 @@ def main(argv=None) -> int:
 
 
 def _main(args) -> int:
-    from rttm import der, plot_timeline, read_rttm, write_rttm
+    from rttm import read_rttm, write_rttm
     audio = Path(args.audio)
     uri = audio.stem
     ref = None
@@ -252,17 +318,21 @@ def _main(args) -> int:
         raise DiarizationError(f"{args.rttm}: directory {out_dir} does not exist")
     r = diarize(audio, args)
     write_rttm(args.rttm, uri, r["segments"])
+    e2e = process_age()
     t = r["times"]
     c = r["clusterer"].prof
     print(f"{audio.name}: {r['duration']:.1f} s of audio, {r['speech_seconds']:.1f} s of speech, "
           f"backend {r['backend']}, {r['clusterer'].p.n_jobs} thread(s)")
     print(f"speakers found: {r['n_speakers']}")
     print(f"processing time: {t['total']:.3f} s (read {t['load']:.3f}, features {t['features']:.3f}, "
-          f"clustering {t['clustering']:.3f} [train {c.seconds['train']:.3f}, score "
-          f"{c.seconds['score']:.3f}, BIC pairs {c.seconds['bic']:.3f} x{c.calls['bic']}, python "
-          f"{c.other:.3f}]); warm-up/compile before the clock {t['warmup']:.2f} s")
-    print(f"x-realtime: {r['duration'] / t['total']:.1f}")
+          f"speech detection {t['sad']:.3f}, clustering {t['clustering']:.3f} [train "
+          f"{c.seconds['train']:.3f}, score {c.seconds['score']:.3f}, BIC pairs {c.seconds['bic']:.3f}"
+          f" x{c.calls['bic']}, python {c.other:.3f}], segments {t['output']:.3f})")
+    print(f"x-realtime: {r['duration'] / t['total']:.1f} (processing); "
+          f"{r['duration'] / e2e:.1f} end to end ({e2e:.2f} s from process start to the RTTM "
+          f"written, of which GMM warm-up {t['warmup']:.2f} s)")
     if ref is not None:
+        from rttm import der
         d = der(ref, r["segments"], uri, duration=r["duration"])
         tot = d["total"] or 1.0
         print(f"DER: {100 * d['der']:.2f} % (missed {100 * d['missed detection'] / tot:.2f} %, "
@@ -270,6 +340,7 @@ def _main(args) -> int:
               f"{100 * d['confusion'] / tot:.2f} %; collar +-0.25 s, {len({s[2] for s in ref})} "
               "reference speakers)")
     if args.plot:
+        from rttm import plot_timeline
         plot_timeline(args.plot, ref, r["segments"], title=f"{audio.name}: reference (top) and "
                       f"hypothesis ({r['n_speakers']} speakers, backend {r['backend']})")
         print(f"timeline written to {args.plot}")

@@ -44,11 +44,14 @@ def read_rttm(path) -> dict[str, list[tuple[float, float, str]]]:
 
 
 def labels_to_segments(labels: np.ndarray, frame_rate: int, merge_gap: float = 0.0,
-                       names=None) -> list[tuple[float, float, str]]:
+                       names=None, min_duration: float = 0.0) -> list[tuple[float, float, str]]:
     """Frame labels (-1 = non-speech) -> [(start, dur, label)].
 
     Runs of the same label separated by less than ``merge_gap`` seconds of non-speech are joined
-    (short pauses inside a turn are that speaker's, as annotators mark them).
+    (short pauses inside a turn are that speaker's, as annotators mark them). Then a segment
+    shorter than ``min_duration`` seconds goes to the speaker of the nearer neighbouring segment
+    when one is within ``merge_gap`` (and is joined to it), and is dropped otherwise, so that no
+    absurdly short segment is written.
     """
     labels = np.asarray(labels)
     segs: list[list] = []
@@ -65,6 +68,35 @@ def labels_to_segments(labels: np.ndarray, frame_rate: int, merge_gap: float = 0
             segs[-1][1] = e
         else:
             segs.append([s, e, lab])
+    shortest = int(round(min_duration * frame_rate))
+    while shortest > 0 and segs:
+        lengths = [e - s for s, e, _ in segs]
+        i = int(np.argmin(lengths))
+        if lengths[i] >= shortest:
+            break
+        s, e, _ = segs[i]
+        cands = []
+        if i > 0 and s - segs[i - 1][1] <= gap:
+            cands.append((s - segs[i - 1][1], i - 1))
+        if i + 1 < len(segs) and segs[i + 1][0] - e <= gap:
+            cands.append((segs[i + 1][0] - e, i + 1))
+        if not cands:
+            del segs[i]
+            continue
+        j = min(cands)[1]
+        if j < i:
+            segs[j][1] = e
+        else:
+            segs[j][0] = s
+        del segs[i]
+        # neighbours of the same speaker that now touch are joined
+        k = min(i, j)
+        while 0 < k < len(segs) and segs[k - 1][2] == segs[k][2] and segs[k][0] - segs[k - 1][1] <= gap:
+            segs[k - 1][1] = segs[k][1]
+            del segs[k]
+        while k + 1 < len(segs) and segs[k][2] == segs[k + 1][2] and segs[k + 1][0] - segs[k][1] <= gap:
+            segs[k][1] = segs[k + 1][1]
+            del segs[k + 1]
     name = (lambda k: names[k]) if names is not None else (lambda k: f"spk{k:02d}")
     # Frame i is centred on i/frame_rate: a run [s, e) covers [s - 0.5, e - 0.5) frames.
     out = []
@@ -103,22 +135,53 @@ def der(reference, hypothesis, uri: str, collar: float = NIST_COLLAR, duration=N
     return d
 
 
+def speaker_mapping(reference, hypothesis) -> dict:
+    """The one-to-one hypothesis -> reference speaker mapping that maximises their overlap in
+    time (the mapping the DER uses), by the Hungarian method; unmatched speakers are left out."""
+    from scipy.optimize import linear_sum_assignment
+    ref_names = sorted({s[2] for s in reference})
+    hyp_names = sorted({s[2] for s in hypothesis})
+    if not ref_names or not hyp_names:
+        return {}
+    ov = np.zeros((len(hyp_names), len(ref_names)))
+    for hs, hd, hl in hypothesis:
+        for rs, rd, rl in reference:
+            o = min(hs + hd, rs + rd) - max(hs, rs)
+            if o > 0:
+                ov[hyp_names.index(hl), ref_names.index(rl)] += o
+    rows, cols = linear_sum_assignment(-ov)
+    return {hyp_names[r]: ref_names[c] for r, c in zip(rows, cols) if ov[r, c] > 0}
+
+
 def plot_timeline(path, reference, hypothesis, title: str = "") -> None:
-    """PNG with one row per speaker: reference speakers on top, hypothesis speakers below."""
+    """PNG with one row per speaker: reference speakers on top, hypothesis speakers below. A
+    hypothesis speaker has the colour of the reference speaker it is mapped to (the DER's
+    optimal mapping); unmatched hypothesis speakers get colours of their own."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    cmap = plt.get_cmap("tab10" if len({s[2] for s in (reference or [])} | {s[2] for s in hypothesis}) <= 10 else "tab20")
+    ref_names = sorted({s[2] for s in reference}) if reference is not None else []
+    colour = {("ref", n): cmap(i % cmap.N) for i, n in enumerate(ref_names)}
+    mapping = speaker_mapping(reference, hypothesis) if reference is not None else {}
+    extra = len(ref_names)
+    for n in sorted({s[2] for s in hypothesis}):
+        if n in mapping:
+            colour[("hyp", n)] = colour[("ref", mapping[n])]
+        else:
+            colour[("hyp", n)] = cmap(extra % cmap.N)
+            extra += 1
     rows = []
     for tag, segs in (("ref", reference), ("hyp", hypothesis)):
         if segs is None:
             continue
         for lab in sorted({s[2] for s in segs}):
-            rows.append((f"{tag}: {lab}", [(s[0], s[1]) for s in segs if s[2] == lab], tag))
-    end = max((s[0] + s[1] for _, segs, _ in rows for s in segs), default=1.0)
+            shown = f"{tag}: {lab}" + (f" (= {mapping[lab]})" if tag == "hyp" and lab in mapping else "")
+            rows.append((shown, [(s[0], s[1]) for s in segs if s[2] == lab], tag, colour[(tag, lab)]))
+    end = max((s[0] + s[1] for _, segs, _, _ in rows for s in segs), default=1.0)
     fig, ax = plt.subplots(figsize=(min(40, 6 + end / 10), 0.4 * len(rows) + 1.2))
-    cmap = plt.get_cmap("tab10")
-    for i, (name, spans, tag) in enumerate(rows):
-        ax.broken_barh(spans, (len(rows) - 1 - i - 0.4, 0.8), color=cmap(i % 10),
+    for i, (name, spans, tag, c) in enumerate(rows):
+        ax.broken_barh(spans, (len(rows) - 1 - i - 0.4, 0.8), color=c,
                        alpha=1.0 if tag == "hyp" else 0.6)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r[0] for r in rows][::-1], fontsize=8)
