@@ -390,7 +390,7 @@ class CudaBackend(Backend):
     #: rule order when nothing has been measured (V4 fills the GPU for any M; V3 only for M >= SMs)
     preference = ["V5", "V4", "V3", "V2", "V1"]
     #: E-step variants in order of preference (the first one whose limits allow the problem)
-    estep_preference = ["estep_fast", "estep"]
+    estep_preference = ["estep_fast", "estep_tc", "estep"]
 
     def __init__(self, ordinal: int | None = None):
         reason = self.unavailable_reason()
