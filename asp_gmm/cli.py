@@ -1,7 +1,7 @@
 """The ``asp-gmm`` command: tune, history, info.
 
     asp-gmm tune --N 10000,100000 --D 19,36 --M 1,16,128 [--cvtype full] [--backend c|cuda] [--repeats 5]
-    asp-gmm history list | export FILE | import FILE | clear
+    asp-gmm history list | export FILE | import FILE | repair | clear
     asp-gmm info
 
 ``tune`` sweeps the grid (progress bar), records every timing in the history (the same keys that
@@ -123,6 +123,10 @@ def cmd_history(args) -> int:
         added, skipped = h.import_(args.file)
         print(f"imported {added} rows from {args.file}" + (f" ({skipped} already present)" if skipped else ""))
         return 0
+    if args.action == "repair":
+        n = h.repair()
+        print(f"deleted {n} damaged row(s) from {h.where}" if n else f"nothing to repair in {h.where}")
+        return 0
     if args.action == "clear":
         if not args.yes:
             if not sys.stdin.isatty():
@@ -205,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument("file")
     hi = hs.add_parser("import", help="add the rows of an exported JSON file (same schema version)")
     hi.add_argument("file")
+    hs.add_parser("repair", help="delete damaged rows (values no asp_gmm writes), which reading skips with a warning")
     hc = hs.add_parser("clear", help="delete every timing")
     hc.add_argument("--yes", action="store_true", help="do not ask")
     h.set_defaults(fn=cmd_history)
