@@ -50,11 +50,17 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
     if arr.shape[0] < min_events:
         raise ValueError(f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
                          "use fewer components or more data")
-    arr = np.ascontiguousarray(arr, dtype=dtype)
+    given = arr
+    with np.errstate(over="ignore"):
+        arr = np.ascontiguousarray(arr, dtype=dtype)
     if _FINITE.get(arr):
         return arr      # immutable and already checked: scoring one data set under many models
     bad = _first_non_finite(arr)
     if bad is not None:
+        if given.dtype != arr.dtype and np.isfinite(given[bad]):
+            dt = np.dtype(dtype).name
+            raise ValueError(f"{name} has values beyond the {dt} range (first at row {bad[0]}, column {bad[1]}: "
+                             f"{given[bad]:.3g}); scale the data or use dtype=np.float64")
         raise ValueError(f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
                          f"remove or impute those events before calling {call}")
     _FINITE.put(arr, True)

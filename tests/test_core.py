@@ -111,8 +111,12 @@ def test_float32_data_whose_variance_overflows_says_so(recwarn):
         with pytest.raises(ValueError, match=r"scale overflows float32.*scale the data.*dtype=np.float64") as info:
             GMM(2, 4, backend=backend).train(X)
         assert "zero variance" not in str(info.value)
-    assert not [w for w in recwarn if "overflow" in str(w.message)]
     assert np.isfinite(GMM(2, 4, backend="c", dtype=np.float64).train(X, max_em_iters=2))
+    big = np.random.default_rng(1).standard_normal((500, 4)) * 1e39     # finite float64, beyond float32
+    with pytest.raises(ValueError, match=r"values beyond the float32 range.*dtype=np.float64") as info:
+        GMM(2, 4, backend="c").train(big)
+    assert "NaN" not in str(info.value)
+    assert not [w for w in recwarn if "overflow" in str(w.message)]
 
 
 def test_min_iterations_above_max_is_refused():
