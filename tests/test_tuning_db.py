@@ -307,6 +307,16 @@ def test_import_checks_every_row_before_writing_anything(tmp_path, case):
     assert b.count() == 0 and b.devices() == [] and b.rows() == []
 
 
+def test_import_of_an_unreadable_file_is_one_error(tmp_path):
+    b = History(url(tmp_path, "b.sqlite"))
+    (tmp_path / "deep.json").write_text('{"a":' * 100000 + "1" + "}" * 100000)
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage" * 100)
+    for name in ("deep.json", "binary.json", "missing.json"):
+        with pytest.raises(HistoryError, match=f"cannot read .*{name}"):
+            b.import_(tmp_path / name)
+    assert b.count() == 0
+
+
 def test_import_accepts_what_export_writes_and_canonicalises_tunables(tmp_path):
     doc = _export_doc(tmp_path)
     doc["timings"][0]["variant"]["tunables"] = '{ "chunk_tiles" : 4 }'

@@ -634,7 +634,7 @@ class History:
         """
         try:
             doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:   # RecursionError: absurdly deep nesting
             raise HistoryError(f"cannot read {path} as an asp_gmm history export: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise HistoryError(f"{path} is not an asp_gmm history export (written by `asp-gmm history export`)")
