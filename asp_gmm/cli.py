@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--M", required=True, type=_grid, help="components, comma-separated (each at most every N)")
     t.add_argument("--cvtype", default="full", type=_cvtypes, help="full, diag or full,diag")
     t.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="working precision")
-    t.add_argument("--backend", default="c", choices=["c", "cuda", "numpy"], help="where the variants run")
+    t.add_argument("--backend", default="c", choices=["c", "cuda", "numpy", "auto"], help="where the variants run")
     t.add_argument("--repeats", type=_positive_int, default=5,
                    help="EM iterations timed per configuration (the median is kept); fewer than 3 is noise")
     t.add_argument("--max-seconds", type=float, default=None,

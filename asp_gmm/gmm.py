@@ -34,16 +34,18 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
     """
     call = f"{method}()"
     if X is None:
-        raise TypeError(f"{name} is None; {call} needs an (N, D) float array")
+        raise TypeError(f"{name} is None; pass an (N, D) float array" + ("" if method == "train" else f" to {call}"))
     arr = np.asarray(X)
     if arr.dtype.kind not in "f":
         hint = f"{name}.astype(np.{np.dtype(dtype).name})"
-        raise TypeError(f"{name} has dtype {arr.dtype}; {call} needs floating-point data. Convert it with {hint}.")
+        who = "GMM training" if method == "train" else call
+        raise TypeError(f"{name} has dtype {arr.dtype}; {who} needs floating-point data. Convert it with {hint}.")
     if arr.ndim != 2:
         hint = f" For a single feature use {name}.reshape(-1, 1)." if arr.ndim == 1 else ""
         raise ValueError(f"{name} must be 2-D (N events, D dimensions), got shape {arr.shape}.{hint}")
     if arr.shape[0] == 0:
-        raise ValueError(f"{name} is empty (0 events); {call} needs at least {max(min_events, 1)} events")
+        raise ValueError(f"{name} is empty (0 events); pass at least {max(min_events, 1)} events"
+                         + ("" if method == "train" else f" to {call}"))
     if D is not None and arr.shape[1] != D:
         raise ValueError(f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
                          f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})")
@@ -62,7 +64,7 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
             raise ValueError(f"{name} has values beyond the {dt} range (first at row {bad[0]}, column {bad[1]}: "
                              f"{given[bad]:.3g}); scale the data or use dtype=np.float64")
         raise ValueError(f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
-                         f"remove or impute those events before calling {call}")
+                         "remove or impute those events before " + ("training" if method == "train" else call))
     _FINITE.put(arr, True)
     return arr
 
@@ -207,8 +209,8 @@ class GMM:
 
     def _params64(self, method: str = "train"):
         if self.means is None or self.covars is None or self.weights is None:
-            raise RuntimeError(f"the model has no parameters yet, so {method}() cannot run: call train(X) "
-                               "first or pass means, covars and weights to GMM()")
+            raise RuntimeError("the model has no parameters yet: call train(X) first or pass means, covars and "
+                               f"weights ({method}() needs them)")
         return (self.weights.astype(np.float64), self.means.astype(np.float64),
                 self.covars.astype(np.float64))
 

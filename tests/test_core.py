@@ -131,7 +131,7 @@ def test_min_iterations_above_max_is_refused():
 def test_bad_data_to_score_predict_eval_names_the_method(method):
     X = np.random.default_rng(0).standard_normal((100, 2))
     g = GMM(2, 2, backend="c", seed=0)
-    with pytest.raises(RuntimeError, match=rf"{method}\(\) cannot run.*call train"):
+    with pytest.raises(RuntimeError, match=rf"call train\(X\) first.*\({method}\(\) needs them\)"):
         getattr(g, method)(X)
     g.train(X, max_em_iters=1)
     with pytest.raises(TypeError, match=rf"{method}\(\) needs floating-point data") as info:
