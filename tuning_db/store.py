@@ -838,7 +838,7 @@ def _parse_export(doc: dict, path) -> tuple:
             seen[uid] = i
             dev = _text(t.get("device_id"), "device_id", 64)
             if dev not in devices:
-                raise _Bad("device_id", f"{dev!r} is not among the file's devices")
+                raise _Bad("device_id", f"{dev!r} names a device the file does not describe")
             v = t.get("variant")
             if not isinstance(v, dict):
                 raise _Bad("variant", f"must be an object (backend, name, tunables, source_sha256), got {_show(v)}")
