@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -121,8 +122,13 @@ def _ensure_root(path: Path, origin: str) -> os.stat_result:
 # ------------------------------------------------------------------ trust
 def _trusted_uids() -> set:
     """The current user, root, and the users named in ``$ASP_GMM_CACHE_TRUST`` (names or uids)."""
-    uids = {os.geteuid(), 0}
-    for part in os.environ.get("ASP_GMM_CACHE_TRUST", "").replace(",", " ").split():
+    return {os.geteuid(), 0} | _named_uids(os.environ.get("ASP_GMM_CACHE_TRUST", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _named_uids(text: str) -> frozenset:
+    uids = set()
+    for part in text.replace(",", " ").split():
         if part.isdigit():
             uids.add(int(part))
             continue
@@ -131,7 +137,7 @@ def _trusted_uids() -> set:
             uids.add(pwd.getpwnam(part).pw_uid)
         except (ImportError, KeyError):
             log.warning("asp_gmm: ASP_GMM_CACHE_TRUST names %r, which is not a user here; ignored", part)
-    return uids
+    return frozenset(uids)
 
 
 def _user_name(uid: int) -> str:
