@@ -437,7 +437,7 @@ class History:
         if conn.execute(select(Device.id).where(Device.id == device_id)).first() is None:
             cores = fp.get("threads", fp.get("cores", fp.get("sms", fp.get("multiprocessors", 0))))
             isa = fp.get("isa", fp.get("compute_capability", fp.get("cc", "")))
-            cores = int(cores) if str(cores).isdigit() and int(cores) <= INT_MAX else 0
+            cores = int(cores) if str(cores).isdigit() and len(str(cores)) < 10 else 0   # fits the column
             conn.execute(Device.__table__.insert().values(
                 id=device_id, backend=str(fp.get("backend", ""))[:32],
                 model=str(fp.get("model", fp.get("device", fp.get("name", ""))))[:256],
