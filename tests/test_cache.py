@@ -10,7 +10,6 @@ import sys
 import textwrap
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
