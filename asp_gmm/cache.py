@@ -278,6 +278,21 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
             CompileStats.hits += 1
             return hit
     root, root_st = _compile_root(roots)
+    try:
+        return _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix)
+    except (CompileError, CacheError):
+        raise
+    except OSError as exc:      # a sub-folder we cannot write, a full disk...
+        primary, origin = _configured()
+        where = _describe(root, origin if root == primary else "private")
+        raise CacheError(f"a binary cannot be written into {where}: {exc.strerror or exc}"
+                         + (f" ({exc.filename})" if exc.filename else "")
+                         + "; make it writable for you (or free space), or set ASP_GMM_CACHE_DIR to a writable "
+                           "folder") from None
+
+
+def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix) -> Path:
+    """Compile ``source`` into its entry under ``root`` (under the entry's lock) and return the binary."""
     dir_mode, file_mode = _modes(root_st)
     folder = root / key[:2]
     with contextlib.suppress(FileExistsError):

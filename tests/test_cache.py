@@ -201,6 +201,12 @@ def test_unusable_cache_folder_names_the_variable(tmp_path, monkeypatch):
     from asp_gmm.backends.c import CBackend
     with pytest.raises(CacheError, match="ASP_GMM_CACHE_DIR"):
         GMM(2, 2, backend=CBackend()).train(X)   # a fresh backend: nothing loaded yet
+    monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
+    key, _ = cache._key(_src(), ["k"], "t")
+    (tmp_path / "cache").mkdir(mode=0o700)
+    (tmp_path / "cache" / key[:2]).write_text("a file where the entry's folder belongs")
+    with pytest.raises(CacheError, match=r"cannot be written into the compile cache folder .*\(ASP_GMM_CACHE_DIR\)"):
+        cache.build(_src(), ".so", CMD, ["k"], "t")
 
 
 KILLED = """
