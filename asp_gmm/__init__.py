@@ -4,14 +4,27 @@
     g = GMM(M, D); loglik = g.train(X)
 
 Under ``train`` a specializer picks a code variant for the problem and device, renders its Jinja2
-template to C or CUDA, compiles and caches it, and runs the whole EM loop in compiled code.
+template to C or CUDA, compiles it and caches it, and runs the whole EM loop in compiled code.
 """
 __version__ = "0.1.0"
 
-from .errors import CompileError, NotPositiveDefiniteError  # noqa: E402,F401
-from .gmm import GMM, compute_distance_BIC, prepare  # noqa: E402
+import importlib.util as _importlib_util  # noqa: E402
 
-__all__ = ["GMM", "compute_distance_BIC", "prepare", "CompileError", "NotPositiveDefiniteError", "__version__"]
+from .errors import CompileError, NotPositiveDefiniteError  # noqa: E402,F401
+from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
+
+
+def _sklearn_installed() -> bool:
+    try:
+        return _importlib_util.find_spec("sklearn") is not None
+    except (ImportError, ValueError):   # ValueError: sys.modules["sklearn"] is None (blocked)
+        return False
+
+
+#: ``GaussianMixture`` (the scikit-learn drop-in) is listed only where scikit-learn is installed, so
+#: that ``from asp_gmm import *`` works without it; ``asp_gmm.GaussianMixture`` then says what to install.
+__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze", "CompileError", "NotPositiveDefiniteError",
+           "__version__"] + (["GaussianMixture"] if _sklearn_installed() else [])
 
 
 def __getattr__(name):

@@ -8,32 +8,189 @@ the same source twice, and carry a sidecar with the binary's digest so that a co
 detected, reported with a warning and rebuilt.
 
 The folder is ``$ASP_GMM_CACHE_DIR`` when set, else the user cache folder from platformdirs.
+
+Trust (as ssh's StrictModes and pip's cache checks). A binary in the cache runs inside the process
+that loads it, and the digest in its sidecar proves nothing when both can be written by someone
+else. So before any binary is loaded (and before its sidecar is believed), the cache folder, the
+entry's sub-folder, the binary and its sidecar must each be owned by the current user or root (or a
+user named in ``$ASP_GMM_CACHE_TRUST``) and not writable by group or others; a folder with the
+sticky bit (``/tmp``-like) may be writable by others, since its entries, owned as above, cannot be
+replaced by them. Otherwise :class:`~asp_gmm.errors.UnsafeCacheError` names the path and the fix.
+A missing cache folder is created 0700; sub-folders and files take the cache folder's read and
+execute bits and never its group/other write bits (0700/0600 for a private cache, 0755/0644 in a
+shared one an administrator created 0755).
+
+A shared read-only cache (a lab's, filled by an administrator) is read without taking a lock or
+writing anything. A binary it lacks is compiled into the user's private cache folder (platformdirs),
+with one warning per process; when that cannot be written either, :class:`~asp_gmm.errors.CacheError`
+says so.
+
+Temporary files of compiles killed midway (``.<name>*.so``, ``.cubin``, ``.tmp``) are removed when
+their folder is next compiled into: at once when their key's lock is free, else after
+:data:`TEMP_MAX_AGE` seconds.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
+import logging
 import os
+import stat
 import subprocess
 import tempfile
+import threading
+import time
 import warnings
 from pathlib import Path
 
 import platformdirs
 
 from . import __version__
-from .errors import CompileError
+from .errors import CacheError, CompileError, UnsafeCacheError
+
+log = logging.getLogger("asp_gmm.cache")
+
+#: Seconds after which a temporary file left by a killed compile is removed by the next compile in
+#: its folder (temporaries of the key being compiled are removed at once: their lock is free).
+TEMP_MAX_AGE = 3600.0
+
+_GO_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def _configured() -> tuple:
+    """(folder, where it comes from) of the cache: ``$ASP_GMM_CACHE_DIR`` or the user cache folder."""
+    env = os.environ.get("ASP_GMM_CACHE_DIR", "").strip()
+    if env:
+        return Path(env).expanduser().absolute(), "ASP_GMM_CACHE_DIR"
+    return _private_dir(), "default"
+
+
+def _private_dir() -> Path:
+    return Path(platformdirs.user_cache_dir("asp_gmm")).absolute()
+
+
+def _describe(path: Path, origin: str) -> str:
+    if origin == "ASP_GMM_CACHE_DIR":
+        return f"the compile cache folder {path} (ASP_GMM_CACHE_DIR)"
+    if origin == "private":
+        return f"your private compile cache folder {path}"
+    return f"the compile cache folder {path} (the default; ASP_GMM_CACHE_DIR is not set)"
 
 
 def cache_dir() -> Path:
-    """The cache folder (created on first use)."""
-    env = os.environ.get("ASP_GMM_CACHE_DIR")
-    path = Path(env) if env else Path(platformdirs.user_cache_dir("asp_gmm"))
-    path.mkdir(parents=True, exist_ok=True)
+    """The cache folder: created 0700 on first use, and checked (owner, write bits) on every use.
+
+    Raises
+    ------
+    CacheError
+        It is not a folder or cannot be created (the message names ``ASP_GMM_CACHE_DIR``).
+    UnsafeCacheError
+        It is owned by another user or writable by group or others (and not sticky).
+    """
+    path, origin = _configured()
+    _ensure_root(path, origin)
     return path
 
+
+def _ensure_root(path: Path, origin: str) -> os.stat_result:
+    fix = "set ASP_GMM_CACHE_DIR to a folder of yours (it is created if missing)"
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as exc:
+        raise CacheError(f"{_describe(path, origin)} cannot be read ({exc.strerror}); {fix}") from None
+    if st is None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(path, 0o700)
+                os.chmod(path, 0o700)     # whatever the umask
+            st = os.stat(path)
+        except OSError as exc:
+            raise CacheError(f"{_describe(path, origin)} cannot be created ({exc.strerror or exc}); {fix}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise CacheError(f"{_describe(path, origin)} is not a folder (a file is in its place); remove that "
+                         f"file, or {fix}")
+    _require_safe(path, st)
+    return st
+
+
+# ------------------------------------------------------------------ trust
+def _trusted_uids() -> set:
+    """The current user, root, and the users named in ``$ASP_GMM_CACHE_TRUST`` (names or uids)."""
+    return {os.geteuid(), 0} | _named_uids(os.environ.get("ASP_GMM_CACHE_TRUST", ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _named_uids(text: str) -> frozenset:
+    uids = set()
+    for part in text.replace(",", " ").split():
+        if part.isdigit():
+            uids.add(int(part))
+            continue
+        try:
+            import pwd
+            uids.add(pwd.getpwnam(part).pw_uid)
+        except (ImportError, KeyError):
+            log.warning("asp_gmm: ASP_GMM_CACHE_TRUST names %r, which is not a user here; ignored", part)
+    return frozenset(uids)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _user(uid: int) -> str:
+    name = _user_name(uid)
+    return f"uid {uid}" if name == str(uid) else f"{name!r} (uid {uid})"
+
+
+def _require_safe(path: Path, st: os.stat_result) -> None:
+    """Raise :class:`UnsafeCacheError` unless ``path`` (its ``st``) is owned by a trusted user and
+    not writable by group or others (a sticky folder may be: see the module documentation)."""
+    what = "folder" if stat.S_ISDIR(st.st_mode) else "file"
+    private = "set ASP_GMM_CACHE_DIR to a private folder of yours (e.g. ~/.cache/asp_gmm), which is created 0700"
+    if st.st_uid not in _trusted_uids():
+        raise UnsafeCacheError(
+            f"asp_gmm will not load compiled code from the compile cache: the {what} {path} is owned by "
+            f"{_user(st.st_uid)}, not by you ({_user(os.geteuid())}) or root, so its binaries could be anyone's "
+            f"code. Fix: {private}; or, if it is a shared cache kept by a user you trust, set "
+            f"ASP_GMM_CACHE_TRUST={_user_name(st.st_uid)}")
+    if st.st_mode & _GO_WRITE and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        who = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit)
+        raise UnsafeCacheError(
+            f"asp_gmm will not load compiled code from the compile cache: the {what} {path} is writable by {who} "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}), so another user could plant a binary there that would run in "
+            f"this process. Fix: chmod go-w {path}" + (" (and the files in it)" if what == "folder" else "")
+            + f", or {private}")
+
+
+def _writable(path: Path, st: os.stat_result) -> bool:
+    """Whether we may write into ``path``: by its mode bits (root included: a folder an administrator
+    made read-only stays so) and by the operating system (read-only mounts, ACLs)."""
+    mode = st.st_mode
+    if st.st_uid == os.geteuid():
+        bit = mode & stat.S_IWUSR
+    elif st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        bit = mode & stat.S_IWGRP
+    else:
+        bit = mode & stat.S_IWOTH
+    return bool(bit) and os.access(path, os.W_OK)
+
+
+def _modes(root_st: os.stat_result) -> tuple:
+    """(folder mode, file mode) of what we create under a cache folder of ``root_st``: its read and
+    execute bits for group and others, never their write bits."""
+    shared = stat.S_IMODE(root_st.st_mode) & 0o055
+    return 0o700 | shared, 0o600 | (shared & 0o044)
 
 def digest(*parts) -> str:
     """sha256 of the parts, each converted to text and separated unambiguously."""
@@ -44,14 +201,16 @@ def digest(*parts) -> str:
     return h.hexdigest()
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+def atomic_write(path: Path, data: bytes | str, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one (file mode
+    ``mode``, else 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -63,13 +222,16 @@ def atomic_write(path: Path, data: bytes | str) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
-    with open(path, "a+") as f:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+def _locked(path: Path, mode: int = 0o600):
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def _file_sha256(path: Path) -> str:
@@ -84,6 +246,9 @@ class CompileStats:
 
 def build(source: str, suffix: str, command, key_parts, name: str = "", source_suffix: str = ".c"):
     """Return the path of the binary compiled from ``source``, compiling it only when not cached.
+
+    Every binary returned has passed the trust checks of the module documentation (callers load it:
+    ``dlopen``, ``module_from_file``).
 
     Parameters
     ----------
@@ -102,71 +267,192 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
     ------
     CompileError
         With the command, the compiler output and the path of the rendered source.
+    CacheError, UnsafeCacheError
+        The cache folder cannot be used, or holds an entry another user could have written.
     """
-    folder, stem, binary, meta, src_path = _entry(source, suffix, key_parts, name, source_suffix)
-    folder.mkdir(parents=True, exist_ok=True)
-    if _valid(binary, meta):
-        CompileStats.hits += 1
-        return binary
-    with _locked(folder / (stem + ".lock")):
-        if _valid(binary, meta):  # another process finished it while we waited
+    key, stem = _key(source, key_parts, name)
+    roots = _search_roots()
+    for root, _ in roots:
+        hit = _cached(root, key, stem, suffix)
+        if hit is not None:
             CompileStats.hits += 1
-            return binary
+            return hit
+    root, root_st = _compile_root(roots)
+    try:
+        return _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix)
+    except (CompileError, CacheError):
+        raise
+    except OSError as exc:      # a sub-folder we cannot write, a full disk...
+        primary, origin = _configured()
+        where = _describe(root, origin if root == primary else "private")
+        raise CacheError(f"a binary cannot be written into {where}: {exc.strerror or exc}"
+                         + (f" ({exc.filename})" if exc.filename else "")
+                         + "; make it writable for you (or free space), or set ASP_GMM_CACHE_DIR to a writable "
+                           "folder") from None
+
+
+def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix) -> Path:
+    """Compile ``source`` into its entry under ``root`` (under the entry's lock) and return the binary."""
+    dir_mode, file_mode = _modes(root_st)
+    folder = root / key[:2]
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, dir_mode)
+        os.chmod(folder, dir_mode)
+    binary, meta, src_path = folder / (stem + suffix), folder / (stem + ".json"), folder / (stem + source_suffix)
+    _require_safe(folder, os.stat(folder))
+    with _locked(folder / (stem + ".lock"), file_mode):
+        hit = _cached(root, key, stem, suffix)
+        if hit is not None:  # another process finished it while we waited
+            CompileStats.hits += 1
+            return hit
+        _remove_stale_temporaries(folder, stem)
         if binary.exists() or meta.exists():
             warnings.warn(f"asp_gmm: cache entry {binary} is corrupt or incomplete; rebuilding it",
                           RuntimeWarning, stacklevel=3)
-        atomic_write(src_path, source)
+        atomic_write(src_path, source, file_mode)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + stem, suffix=suffix)
         os.close(fd)
         cmd = [str(c) for c in command(str(src_path), tmp)]
         try:
-            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        except OSError as exc:
-            os.unlink(tmp)
-            raise CompileError(cmd, f"could not start the compiler: {exc}", str(src_path), name) from None
-        if proc.returncode != 0 or os.path.getsize(tmp) == 0:
-            os.unlink(tmp)
-            raise CompileError(cmd, proc.stdout, str(src_path), name)
-        os.replace(tmp, binary)
+            try:
+                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            except OSError as exc:
+                raise CompileError(cmd, f"could not start the compiler: {exc}", str(src_path), name) from None
+            if proc.returncode != 0 or os.path.getsize(tmp) == 0:
+                raise CompileError(cmd, proc.stdout, str(src_path), name)
+            os.chmod(tmp, file_mode)      # the linker creates its output with the umask's mode
+            os.replace(tmp, binary)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
         atomic_write(meta, json.dumps({"sha256": _file_sha256(binary), "command": cmd,
                                        "key_parts": [str(k) for k in key_parts],
-                                       "version": __version__, "name": name}, indent=1))
+                                       "version": __version__, "name": name}, indent=1), file_mode)
         CompileStats.compiles += 1
     return binary
 
 
-def _entry(source, suffix, key_parts, name, source_suffix):
+def _key(source, key_parts, name) -> tuple:
     key = digest(source, __version__, *key_parts)
-    folder = cache_dir() / key[:2]
-    stem = f"{(name or 'kernel').replace('/', '_')}-{key[:24]}"
-    return folder, stem, folder / (stem + suffix), folder / (stem + ".json"), folder / (stem + source_suffix)
+    return key, f"{(name or 'kernel').replace('/', '_')}-{key[:24]}"
 
 
 def lookup(source: str, suffix: str, key_parts, name: str = "", source_suffix: str = ".c"):
     """Path of the cached binary for these arguments (as :func:`build` takes them), or ``None``
-    when it would have to be compiled."""
-    _, _, binary, meta, _ = _entry(source, suffix, key_parts, name, source_suffix)
+    when it would have to be compiled. Raises as :func:`build` for an untrusted cache."""
+    key, stem = _key(source, key_parts, name)
+    for root, _ in _search_roots():
+        hit = _cached(root, key, stem, suffix)
+        if hit is not None:
+            return hit
+    return None
+
+
+_fallback_warned: set = set()
+_warn_lock = threading.Lock()
+
+
+def _search_roots() -> list:
+    """[(folder, stat)] to look for binaries in: the cache folder, and when that is read-only for
+    us, the private cache folder too (if it exists)."""
+    primary, origin = _configured()
+    st = _ensure_root(primary, origin)
+    out = [(primary, st)]
+    if not _writable(primary, st):
+        private = _private_dir()
+        if private != primary:
+            try:
+                pst = os.stat(private)
+            except FileNotFoundError:
+                pst = None
+            if pst is not None:
+                out.append((private, _ensure_root(private, "private")))
+    return out
+
+
+def _compile_root(roots: list) -> tuple:
+    """(folder, stat) to compile into: the cache folder, or the private one when the cache folder is
+    read-only for us (a shared cache), created if needed, with one warning per process."""
+    primary, st = roots[0]
+    if _writable(primary, st):
+        return primary, st
+    _, origin = _configured()
+    private = _private_dir()
+    if private == primary:
+        raise CacheError(f"{_describe(primary, origin)} is read-only for you, so a binary it lacks cannot be "
+                         "compiled; make it writable (chmod u+w) or set ASP_GMM_CACHE_DIR to a writable folder")
+    pst = _ensure_root(private, "private")
+    if not _writable(private, pst):
+        raise CacheError(f"{_describe(primary, origin)} is read-only for you and so is {_describe(private, 'private')}, "
+                         "so a binary they lack cannot be compiled; set ASP_GMM_CACHE_DIR to a writable folder")
+    with _warn_lock:
+        if primary not in _fallback_warned:
+            _fallback_warned.add(primary)
+            msg = (f"asp_gmm: {_describe(primary, origin)} is read-only for you (a shared cache?); binaries it "
+                   f"lacks are compiled into {_describe(private, 'private')}")
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    return private, pst
+
+
+def _cached(root: Path, key: str, stem: str, suffix: str):
+    """The trusted, intact binary of ``key`` under ``root``, or ``None``."""
+    folder = root / key[:2]
+    binary, meta = folder / (stem + suffix), folder / (stem + ".json")
+    try:
+        fst = os.stat(folder)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    _require_safe(folder, fst)
+    try:
+        bst, mst = os.stat(binary), os.stat(meta)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    _require_safe(binary, bst)
+    _require_safe(meta, mst)
     return binary if _valid(binary, meta) else None
 
 
 def _valid(binary: Path, meta: Path) -> bool:
-    if not (binary.exists() and meta.exists()):
-        return False
     try:
         return json.loads(meta.read_text())["sha256"] == _file_sha256(binary)
-    except (ValueError, KeyError, OSError):
+    except (ValueError, KeyError, TypeError, OSError):
         return False
+
+
+def _remove_stale_temporaries(folder: Path, stem: str) -> None:
+    """Remove our temporary files in ``folder`` left by killed compiles or writes: those of ``stem``
+    (whose lock the caller holds, so no one is writing them) and any older than TEMP_MAX_AGE."""
+    now, me = time.time(), os.geteuid()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for e in entries:
+        if not e.name.startswith(".") or e.name.endswith(".lock"):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != me:
+                continue
+            if e.name.startswith("." + stem) or now - st.st_mtime > TEMP_MAX_AGE:
+                os.unlink(e.path)
+                log.debug("removed the stale temporary file %s", e.path)
+        except OSError:
+            continue
 
 
 def invalidate(binary: Path) -> None:
     """Remove an entry (used when a binary that passed its digest check still fails to load)."""
     for p in (Path(binary), Path(binary).with_suffix(".json")):
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
             p.unlink()
 
 
 def tool_version(cmd) -> str:
-    """First line of ``cmd --version`` (memoised per process)."""
+    """First lines of ``cmd --version`` (memoised per process; part of cache keys and device
+    fingerprints, so its text must not change: :func:`short_version` is for display)."""
     key = tuple(cmd)
     if key not in _versions:
         try:
@@ -176,6 +462,17 @@ def tool_version(cmd) -> str:
             out = "unavailable"
         _versions[key] = " | ".join(out.strip().splitlines()[:4])
     return _versions[key]
+
+
+def short_version(text: str) -> str:
+    """One line of a :func:`tool_version` text for display: the first part that names a version
+    (gcc's first line, nvcc's "release" line)."""
+    import re
+    parts = [p.strip() for p in str(text).split(" | ") if p.strip()]
+    for p in parts:
+        if re.search(r"\d+\.\d+", p) and not p.lower().startswith("copyright"):
+            return p
+    return parts[0] if parts else str(text)
 
 
 _versions: dict = {}

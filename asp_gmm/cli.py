@@ -1,8 +1,9 @@
 """The ``asp-gmm`` command: tune, history, info.
 
     asp-gmm tune --N 10000,100000 --D 19,36 --M 1,16,128 [--cvtype full] [--backend c|cuda] [--repeats 5]
-    asp-gmm history list | export FILE | import FILE | clear
-    asp-gmm info
+    asp-gmm history list | export FILE | import FILE | repair | clear
+    asp-gmm info [--verbose]
+    asp-gmm --version
 
 ``tune`` sweeps the grid (progress bar), records every timing in the history (the same keys that
 ``train`` uses), prints the times and winners per problem and writes a PNG heat map of the winning
@@ -16,6 +17,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 
 
 def _history():
@@ -35,13 +37,34 @@ def cmd_tune(args) -> int:
     from .problem import Problem
     from .selection import HistorySelector
 
-    Ns, Ds, Ms = autotune.parse_grid(args.N), autotune.parse_grid(args.D), autotune.parse_grid(args.M)
+    from . import registry
+
+    Ns, Ds, Ms = args.N, args.D, args.M
     for cv in args.cvtype:
         Problem(1, 1, 1, cv, args.dtype)  # validates
+    small = sorted({(n, m) for n in Ns for m in Ms if n < m})
+    if small:
+        pairs = ", ".join(f"N={n} < M={m}" for n, m in small[:4]) + (", ..." if len(small) > 4 else "")
+        print(f"asp-gmm tune: a GMM needs at least as many events as components ({pairs}); drop N values below "
+              f"{max(Ms)} or M values above {min(Ns)}", file=sys.stderr)
+        return 2
     backend = _backend(args.backend)
+    variants = None
+    if args.variants:
+        known = {v.name.lower(): v.name for v in registry.variants(backend.name, "covariance")}
+        wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
+        unknown = [w for w in wanted if w.lower() not in known]
+        if unknown or not wanted:
+            print(f"asp-gmm tune: unknown variant {', '.join(unknown) or repr(args.variants)} for backend "
+                  f"{backend.name}; known: {', '.join(sorted(known.values()))}", file=sys.stderr)
+            return 2
+        variants = {known[w.lower()] for w in wanted}
+    if args.repeats < 3:
+        warnings.warn(f"--repeats {args.repeats}: single timings are noise (other load, clock changes, first-touch "
+                      "effects); the history keeps them and train() may choose by them. Use --repeats 3 or more "
+                      "(the default is 5).", RuntimeWarning, stacklevel=2)
     history = _history()
     selector = HistorySelector(history)
-    variants = set(args.variants.split(",")) if args.variants else None
     problems = [p for cv in args.cvtype for p in autotune.grid(Ns, Ds, Ms, cv, args.dtype)]
     plans = {p: autotune.configs_for(backend, p, args.tunables, variants) for p in problems}
     skipped = [p for p in problems if not plans[p]]
@@ -82,7 +105,8 @@ def cmd_tune(args) -> int:
     if args.out and results:
         try:
             autotune.heatmap(results, args.out, args.baseline,
-                             title=f"{backend.name}: winning variant and time saved vs always {args.baseline}")
+                             title=f"{backend.name}: winning variant, its speed-up over always {args.baseline}, "
+                                   "its ms per EM iteration")
             print(f"heat map: {args.out}")
         except ImportError as exc:  # pragma: no cover - matplotlib is in the tune extra
             print(f"no heat map ({exc}); pip install matplotlib", file=sys.stderr)
@@ -123,6 +147,10 @@ def cmd_history(args) -> int:
         added, skipped = h.import_(args.file)
         print(f"imported {added} rows from {args.file}" + (f" ({skipped} already present)" if skipped else ""))
         return 0
+    if args.action == "repair":
+        n = h.repair()
+        print(f"deleted {n} damaged row(s) from {h.where}" if n else f"nothing to repair in {h.where}")
+        return 0
     if args.action == "clear":
         if not args.yes:
             if not sys.stdin.isatty():
@@ -141,7 +169,10 @@ def cmd_info(args) -> int:
     from . import __version__, backends, cache, registry
     from .tuning_db import SCHEMA_VERSION, default_url
     print(f"asp_gmm {__version__}")
-    print(f"cache folder: {cache.cache_dir()}")
+    try:
+        print(f"cache folder: {cache.cache_dir()}")
+    except OSError as exc:      # info reports, it does not fail
+        print(f"cache folder: unusable: {exc}")
     print(f"database URL: {default_url()}  (schema version {SCHEMA_VERSION}; set ASP_GMM_DB to change it)")
     try:
         h = _history()
@@ -157,73 +188,163 @@ def cmd_info(args) -> int:
             print(f"\nbackend {name}: not available ({reason})")
         else:
             be = backends.get_backend(name)
+            fp = be.fingerprint()
             print(f"\nbackend {name}: device {be.device_id}")
-            for k, v in be.fingerprint().items():
+            for k, v in fp.items():
+                if k == "compiler" or (k == "backend" and not args.verbose):
+                    continue
                 print(f"  {k}: {', '.join(map(str, v)) if isinstance(v, (list, tuple)) else v}")
+            if "compiler" in fp:
+                print(f"  compiler: {cache.short_version(fp['compiler'])}")
             ctx = be.limit_context()
-            if ctx:
+            if ctx and args.verbose:
                 print("  limit context: " + ", ".join(f"{k}={v}" for k, v in ctx.items()))
         for v in registry.variants(name, "covariance"):
-            print(f"  variant {v.name}  [{v.source_sha256[:12]}]  {v.description}")
+            desc = v.description if args.verbose or len(v.description) <= 72 else v.description[:70].rstrip() + " ..."
+            print(f"  variant {v.name:6} [{v.source_sha256[:12]}]  {desc}")
+            if not args.verbose:
+                continue
             print(f"    cvtypes {', '.join(v.cvtypes)}; dtypes {', '.join(v.dtypes)}")
             if v.tunables:
                 print("    tunables: " + "; ".join(f"{k} in {vals} (default {vals[0]})" for k, vals in v.tunables.items()))
             for lim in v.limits:
                 print(f"    limit: {lim.require}  ({lim.reason})")
+    if not args.verbose:
+        print("\n(asp-gmm info --verbose adds each variant's tunables and limits, and the full compiler text)")
+    elif any(not backends.unavailable_reason(n) for n in names):
+        for name in names:
+            if not backends.unavailable_reason(name):
+                full = backends.get_backend(name).fingerprint().get("compiler")
+                if full:
+                    print(f"{name} compiler, in full: {full}")
     return 0
 
 
 # ---------------------------------------------------------------------------------- main
+def _positive_int(text: str) -> int:
+    try:
+        v = float(str(text).strip().replace("_", ""))
+    except ValueError:
+        v = None
+    if v is None or v != int(v) or v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(v)
+
+
+def _grid(text: str) -> list:
+    """``"10000,100000"`` or ``"1e4,1e5"``: positive integers, comma-separated."""
+    parts = [p for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer or a comma-separated list of them")
+    out = []
+    for p in parts:
+        try:
+            out.append(_positive_int(p))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"{p.strip()!r} is not a positive integer"
+                                             + (f" (in {text!r})" if len(parts) > 1 else "")) from None
+    return out
+
+
+def _cvtypes(text: str) -> list:
+    out = [p.strip() for p in str(text).split(",") if p.strip()]
+    bad = [p for p in out if p not in ("full", "diag")]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"{text!r}: each covariance type must be full or diag")
+    return out
+
+
+class _Help(argparse.HelpFormatter):
+    """Every option's default in its help: "(default: 5)", '(default: "")' for an empty text,
+    "(default: none)"; not for required options, flags and positional arguments."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
+                or action.nargs == 0 or "default" in text):
+            return text
+        d = action.default
+        shown = '""' if d == "" else "none" if d is None else ",".join(map(str, d)) if isinstance(d, list) else str(d)
+        return f"{text} (default: {shown.replace('%', '%%')})"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="asp-gmm", description="asp_gmm: tune variants, manage the tuning history")
+    from . import __version__
+    fmt = _Help
+    ap = argparse.ArgumentParser(prog="asp-gmm", description="asp_gmm: tune variants, manage the tuning history",
+                                 formatter_class=fmt)
+    ap.add_argument("--version", action="version", version=f"asp-gmm (asp_gmm) {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("tune", help="measure every variant over a grid of problems and record the timings")
-    t.add_argument("--N", required=True, help="events, comma-separated (e.g. 10000,100000)")
-    t.add_argument("--D", required=True, help="dimensions, comma-separated")
-    t.add_argument("--M", required=True, help="components, comma-separated")
-    t.add_argument("--cvtype", default="full", type=lambda s: s.split(","), help="full, diag or full,diag")
-    t.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    t.add_argument("--backend", default="c", help="c, cuda or numpy (default c)")
-    t.add_argument("--repeats", type=int, default=5, help="EM iterations timed per configuration (median)")
+    t = sub.add_parser("tune", help="measure every variant over a grid of problems and record the timings",
+                       formatter_class=fmt)
+    t.add_argument("--N", required=True, type=_grid, help="events, comma-separated (e.g. 10000,100000 or 1e4,1e5)")
+    t.add_argument("--D", required=True, type=_grid, help="dimensions, comma-separated")
+    t.add_argument("--M", required=True, type=_grid, help="components, comma-separated (each at most every N)")
+    t.add_argument("--cvtype", default="full", type=_cvtypes, help="full, diag or full,diag")
+    t.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="working precision")
+    t.add_argument("--backend", default="c", choices=["c", "cuda", "numpy", "auto"], help="where the variants run")
+    t.add_argument("--repeats", type=_positive_int, default=5,
+                   help="EM iterations timed per configuration (the median is kept); fewer than 3 is noise")
     t.add_argument("--max-seconds", type=float, default=None,
                    help="stop repeating a configuration once it has used this many seconds")
     t.add_argument("--tunables", action="store_true", help="also every combination of the variants' tunables")
-    t.add_argument("--variants", default="", help="only these variants (comma-separated names)")
-    t.add_argument("--baseline", default="V1", help="variant the gain is measured against (default V1)")
+    t.add_argument("--variants", default="", help="only these variants, comma-separated (empty: every one)")
+    t.add_argument("--baseline", default="V1", help="variant the gain is measured against")
     t.add_argument("--out", default="asp_gmm_tune.png", help="PNG heat map (empty: none)")
-    t.add_argument("--json", default="", help="also write the measurements to this JSON file")
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--json", default="", help="also write the measurements to this JSON file (empty: none)")
+    t.add_argument("--seed", type=int, default=0, help="seed of the random test data")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_tune)
 
-    h = sub.add_parser("history", help="list, export, import or clear the tuning history")
+    h = sub.add_parser("history", help="list, export, import, repair or clear the tuning history",
+                       formatter_class=fmt)
     hs = h.add_subparsers(dest="action", required=True)
-    hl = hs.add_parser("list", help="devices and the newest timings")
-    hl.add_argument("--limit", type=int, default=50)
-    he = hs.add_parser("export", help="write the whole history to a JSON file")
-    he.add_argument("file")
-    hi = hs.add_parser("import", help="add the rows of an exported JSON file (same schema version)")
-    hi.add_argument("file")
-    hc = hs.add_parser("clear", help="delete every timing")
+    hl = hs.add_parser("list", help="devices and the newest timings", formatter_class=fmt)
+    hl.add_argument("--limit", type=_positive_int, default=50, help="timings shown, newest first")
+    he = hs.add_parser("export", help="write the whole history to a JSON file", formatter_class=fmt)
+    he.add_argument("file", help="JSON file to write")
+    hi = hs.add_parser("import", help="add the rows of an exported JSON file (same schema version; checked "
+                                      "whole before anything is written)", formatter_class=fmt)
+    hi.add_argument("file", help="JSON file written by `asp-gmm history export`")
+    hs.add_parser("repair", help="delete damaged rows (values no asp_gmm writes), which reading skips with a "
+                                 "warning", formatter_class=fmt)
+    hc = hs.add_parser("clear", help="delete every timing", formatter_class=fmt)
     hc.add_argument("--yes", action="store_true", help="do not ask")
     h.set_defaults(fn=cmd_history)
 
-    i = sub.add_parser("info", help="device fingerprint, cache folder, database URL, variants and their limits")
-    i.add_argument("--backend", default=None)
+    i = sub.add_parser("info", help="device fingerprint, cache folder, database URL, variants (--verbose: their "
+                                    "tunables and limits)", formatter_class=fmt)
+    i.add_argument("--backend", default=None, choices=["c", "cuda", "numpy"], help="only this backend (default: every one)")
+    i.add_argument("--verbose", "-v", action="store_true", help="also tunables, limits and the full compiler text")
     i.set_defaults(fn=cmd_info)
     return ap
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"asp-gmm: {category.__name__}: {message}", file=sys.stderr if file is None else file)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .errors import ASPGMMError
     from .tuning_db import HistoryError
-    try:
-        return args.fn(args)
-    except (HistoryError, ASPGMMError, ValueError, OSError) as exc:
-        print(f"asp-gmm {args.command}: {exc}", file=sys.stderr)
-        return 1
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning      # one line each, not the source line that warned
+        try:
+            return args.fn(args)
+        except (HistoryError, ASPGMMError, ValueError, OSError) as exc:
+            print(f"asp-gmm {args.command}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"asp-gmm {args.command}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # noqa: BLE001 - never a raw traceback; ASP_GMM_DEBUG=1 shows it
+            if os.environ.get("ASP_GMM_DEBUG", "") not in ("", "0"):
+                raise
+            print(f"asp-gmm {args.command}: unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
+                  "ASP_GMM_DEBUG=1 shows the traceback)", file=sys.stderr)
+            return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -39,3 +39,14 @@ class VariantNotApplicableError(ASPGMMError, ValueError):
 
 class KernelError(ASPGMMError, RuntimeError):
     """A compiled kernel reported a failure at run time (launch failure, allocation failure...)."""
+
+
+class CacheError(ASPGMMError, OSError):
+    """The compile cache folder cannot be used (not a folder, cannot be created, read-only where a
+    binary must be compiled); the message names the folder and ``ASP_GMM_CACHE_DIR``."""
+
+
+class UnsafeCacheError(CacheError, PermissionError):
+    """A compile cache folder or entry that another user could have written (writable by group or
+    others, or owned by someone else): its binaries are not loaded. The message names the path,
+    what is wrong and the fix."""

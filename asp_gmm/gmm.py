@@ -10,10 +10,11 @@ import numbers
 import numpy as np
 
 from . import frozen
+from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import Problem
 from .specializer import Specializer
 
-__all__ = ["GMM", "compute_distance_BIC", "prepare"]
+__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze"]
 
 
 def _as_dtype(dtype) -> np.dtype:
@@ -23,41 +24,64 @@ def _as_dtype(dtype) -> np.dtype:
     return dt
 
 
-def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X") -> np.ndarray:
-    """Validate and return X as a C-contiguous (N, D) array of ``dtype``.
+def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", method: str = "train") -> np.ndarray:
+    """Validate and return X as a C-contiguous (N, D) array of ``dtype``; messages name ``method``
+    (the public call that got X: "train", "score", "eval", "predict").
 
     Integer, boolean, complex or object arrays are refused (convert explicitly); float arrays of the
-    other precision and non-contiguous arrays are converted (a copy).
+    other precision and non-contiguous arrays are converted (a copy). NaN and infinity are looked for
+    on every call, except in an immutable array (:func:`asp_gmm.freeze`) already checked.
     """
+    call = f"{method}()"
     if X is None:
-        raise TypeError(f"{name} is None; pass an (N, D) float array")
+        raise TypeError(f"{name} is None; pass an (N, D) float array" + ("" if method == "train" else f" to {call}"))
     arr = np.asarray(X)
     if arr.dtype.kind not in "f":
         hint = f"{name}.astype(np.{np.dtype(dtype).name})"
-        raise TypeError(f"{name} has dtype {arr.dtype}; GMM training needs floating-point data. Convert it with {hint}.")
+        who = "GMM training" if method == "train" else call
+        raise TypeError(f"{name} has dtype {arr.dtype}; {who} needs floating-point data. Convert it with {hint}.")
     if arr.ndim != 2:
         hint = f" For a single feature use {name}.reshape(-1, 1)." if arr.ndim == 1 else ""
         raise ValueError(f"{name} must be 2-D (N events, D dimensions), got shape {arr.shape}.{hint}")
     if arr.shape[0] == 0:
-        raise ValueError(f"{name} is empty (0 events); pass at least {max(min_events, 1)} events")
+        raise ValueError(f"{name} is empty (0 events); pass at least {max(min_events, 1)} events"
+                         + ("" if method == "train" else f" to {call}"))
     if D is not None and arr.shape[1] != D:
         raise ValueError(f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
                          f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})")
     if arr.shape[0] < min_events:
         raise ValueError(f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
                          "use fewer components or more data")
-    arr = np.ascontiguousarray(arr, dtype=dtype)
+    given = arr
+    with np.errstate(over="ignore"):
+        arr = np.ascontiguousarray(arr, dtype=dtype)
     if _FINITE.get(arr):
-        return arr      # read-only and already checked: scoring one data set under many models
-    if not np.isfinite(arr).all():
-        bad = np.argwhere(~np.isfinite(arr))[0]
+        return arr      # immutable and already checked: scoring one data set under many models
+    bad = _first_non_finite(arr)
+    if bad is not None:
+        if given.dtype != arr.dtype and np.isfinite(given[bad]):
+            dt = np.dtype(dtype).name
+            raise ValueError(f"{name} has values beyond the {dt} range (first at row {bad[0]}, column {bad[1]}: "
+                             f"{given[bad]:.3g}); scale the data or use dtype=np.float64")
         raise ValueError(f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
-                         "remove or impute those events before training")
+                         "remove or impute those events before " + ("training" if method == "train" else call))
     _FINITE.put(arr, True)
     return arr
 
 
 _FINITE = frozen.Memo()
+#: Elements checked for NaN/inf at a time (no N x D temporary; ~3 ms per 10^8 float32 values).
+_CHUNK = 1 << 20
+
+
+def _first_non_finite(arr: np.ndarray):
+    """(row, column) of the first NaN or infinity of the C-contiguous 2-D ``arr``, or ``None``."""
+    flat = arr.reshape(-1)
+    for i in range(0, flat.size, _CHUNK):
+        ok = np.isfinite(flat[i:i + _CHUNK])
+        if not ok.all():
+            return divmod(i + int(np.argmin(ok)), arr.shape[1])
+    return None
 
 
 class GMM:
@@ -148,6 +172,7 @@ class GMM:
             return
         N = X.shape[0]
         X64 = X.astype(np.float64)
+        self._check_scale(X64)
         if self.means is None:
             if self.seed is None:
                 idx = (np.arange(self.M) * N) // self.M
@@ -168,10 +193,24 @@ class GMM:
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
 
-    def _params64(self):
+    def _check_scale(self, X64: np.ndarray) -> None:
+        """Refuse data whose variance does not fit the working precision (finite float32 data of scale
+        1e19 has a variance of 1e38 and more): no covariance of it can be stored."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            var = X64.var(axis=0)
+        top = float(np.max(var)) if var.size else 0.0
+        big = float(np.finfo(self.dtype).max)
+        if not np.isfinite(top) or top * (1.0 + 1e-6) >= big:
+            how = (f"scale the data (e.g. X / X.std(axis=0)) or use dtype=np.float64" if self.dtype == np.float32
+                   else "scale the data (e.g. X / X.std(axis=0))")
+            shown = f"{top:.3g}" if np.isfinite(top) else "beyond float64"
+            raise ValueError(f"the data's scale overflows {self.dtype.name}: its variance reaches {shown}, more than "
+                             f"the largest {self.dtype.name} ({big:.3g}); {how}")
+
+    def _params64(self, method: str = "train"):
         if self.means is None or self.covars is None or self.weights is None:
-            raise RuntimeError("the model has no parameters yet: call train(X) first or pass means, "
-                               "covars and weights")
+            raise RuntimeError("the model has no parameters yet: call train(X) first or pass means, covars and "
+                               f"weights ({method}() needs them)")
         return (self.weights.astype(np.float64), self.means.astype(np.float64),
                 self.covars.astype(np.float64))
 
@@ -185,7 +224,8 @@ class GMM:
         min_em_iters, max_em_iters : int
             EM iterations (M-step then E-step) run: at least ``min_em_iters``, at most
             ``max_em_iters``; in between, stop once the mean per-event log-likelihood changes by
-            less than ``tol``.
+            less than ``tol``. ``min_em_iters > max_em_iters`` is refused, except that
+            ``max_em_iters=0`` with the default minimum only evaluates X.
         tol : float
 
         Returns
@@ -196,6 +236,9 @@ class GMM:
         for name, val in (("min_em_iters", min_em_iters), ("max_em_iters", max_em_iters)):
             if not isinstance(val, numbers.Integral) or val < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
+        if min_em_iters > max(max_em_iters, 1):   # (1, 0), the default minimum, only evaluates
+            raise ValueError(f"min_em_iters={min_em_iters} is larger than max_em_iters={max_em_iters}; "
+                             "pass min_em_iters <= max_em_iters")
         if not (isinstance(tol, numbers.Real) and tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
         X = check_data(X, self.D, self.dtype, self.M)
@@ -222,17 +265,20 @@ class GMM:
         logprob : ndarray (N,)
         posteriors : ndarray (N, M)
         """
-        X = check_data(X, self.D, self.dtype)
-        return self._specializer.evaluate(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar, True)
+        return self._evaluate(X, "eval", True)
 
     def score(self, X):
         """Per-event log-likelihood, ndarray (N,)."""
-        X = check_data(X, self.D, self.dtype)
-        return self._specializer.evaluate(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar, False)[0]
+        return self._evaluate(X, "score", False)[0]
 
     def predict(self, X):
         """Most likely component of each event, ndarray (N,) of int."""
-        return np.argmax(self.eval(X)[1], axis=1)
+        return np.argmax(self._evaluate(X, "predict", True)[1], axis=1)
+
+    def _evaluate(self, X, method: str, want_resp: bool):
+        X = check_data(X, self.D, self.dtype, method=method)
+        return self._specializer.evaluate(X, *self._params64(method), self._problem(X.shape[0]), self.reg_covar,
+                                          want_resp)
 
     def __repr__(self):
         return (f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, "

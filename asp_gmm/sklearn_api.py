@@ -481,6 +481,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             try:
                 spec = Specializer(name)
                 spec.candidates(problem)
+                backends.note_auto_choice(name)
                 return spec
             except (BackendUnavailableError, VariantNotApplicableError) as exc:
                 last = exc
@@ -618,8 +619,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return self._estimate(X, want_resp=False)[0]
 
     def score(self, X, y=None):
-        """Mean log-likelihood of the events of X."""
-        return float(np.mean(self.score_samples(X), dtype=np.float64))
+        """Mean log-likelihood of the events of X, averaged in the working precision (as
+        scikit-learn does: float32 for float32 models)."""
+        return self.score_samples(X).mean()
 
     def predict(self, X):
         """Most likely component of each event, (n_samples,) of int."""

@@ -112,16 +112,113 @@ def test_history_list_export_import_clear(db, tmp_path, capsys, monkeypatch):
 
 
 def test_info(db, capsys):
+    """Short by default (the compiler on one line, no limits); --verbose adds tunables and limits."""
     assert cli.main(["info", "--backend", "c"]) == 0
     out = capsys.readouterr().out
     assert db in out and "cache folder" in out
     from asp_gmm.backends import get_backend
     be = get_backend("c")
     assert be.device_id in out and str(be.fingerprint()["model"]) in out
+    (compiler,) = [ln for ln in out.splitlines() if ln.strip().startswith("compiler:")]
+    assert "|" not in compiler and "Copyright" not in compiler and len(compiler) < 100
+    assert "limit:" not in out and "tunables:" not in out and "--verbose" in out
     for v in registry.variants("c", "covariance"):
         assert f"variant {v.name}" in out and v.source_sha256[:12] in out
+    assert cli.main(["info", "--backend", "c", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    for v in registry.variants("c", "covariance"):
         for lim in v.limits:
             assert lim.require in out
+    assert "tunables:" in out and "Copyright" in out   # the compiler's full text, once
+
+
+def test_version(capsys):
+    import asp_gmm
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--version"])
+    assert info.value.code == 0 and asp_gmm.__version__ in capsys.readouterr().out
+
+
+def _parsers(parser, path=()):
+    yield path, parser
+    for a in parser._actions:
+        if isinstance(a, __import__("argparse")._SubParsersAction):
+            for name, p in a.choices.items():
+                yield from _parsers(p, path + (name,))
+
+
+def test_every_help_shows_the_defaults():
+    checked = 0
+    for path, parser in _parsers(cli.build_parser()):
+        text = parser.format_help()
+        for a in parser._actions:
+            if not a.option_strings or a.required or a.nargs == 0 or a.default is None and not a.help:
+                continue
+            opt = a.option_strings[-1]
+            block = text[text.index(f"  {a.option_strings[0]}"):]
+            nxt = [i for i in (block.find("\n  -", 1),) if i > 0]
+            block = block[:nxt[0]] if nxt else block
+            assert "(default: " in block, (path, opt, block)
+            checked += 1
+    assert checked >= 12
+
+
+def _tune(*extra):
+    return cli.main(["tune", "--N", "600", "--D", "2", "--M", "2", "--out", "", "--quiet", *extra])
+
+
+def test_tune_refuses_unknown_variants_and_bad_sizes(db, capsys):
+    assert _tune("--variants", "V1,V9") == 2
+    err = capsys.readouterr().err
+    assert "unknown variant V9 for backend c; known: " in err and "V1" in err.split("known:")[1]
+    for bad, words in ((["--N", "abc"], "argument --N: 'abc' is not a positive integer"),
+                       (["--M", "2,x"], "argument --M: 'x' is not a positive integer"),
+                       (["--D", "0"], "argument --D: '0' is not a positive integer"),
+                       (["--repeats", "0"], "argument --repeats: '0' is not a positive integer")):
+        with pytest.raises(SystemExit) as info:
+            cli.main(["tune", "--N", "600", "--D", "2", "--M", "2", *bad])
+        assert info.value.code == 2 and words in capsys.readouterr().err
+    assert cli.main(["tune", "--N", "100,1000", "--D", "2", "--M", "2,500", "--out", "", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "N=100 < M=500" in err and "at least as many events as components" in err
+    assert History(db).count() == 0
+
+
+def test_tune_warns_that_single_timings_are_noise(db, capsys):
+    assert _tune("--repeats", "1", "--variants", "V1,V2") == 0
+    err = capsys.readouterr().err
+    assert "asp-gmm: RuntimeWarning: --repeats 1: single timings are noise" in err
+    assert "Traceback" not in err and "warnings.warn" not in err
+    assert _tune("--repeats", "3", "--variants", "v1") == 0        # names are case-insensitive
+    assert "noise" not in capsys.readouterr().err
+
+
+def test_heat_map_shows_the_table_gain_and_the_times(db, tmp_path, capsys, monkeypatch):
+    import matplotlib.axes
+    texts = []
+    real = matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **k: texts.append(s) or
+                        real(self, x, y, s, *a, **k))
+    png = tmp_path / "m.png"
+    assert cli.main(["tune", "--N", "600", "--D", "2,3", "--M", "2", "--repeats", "2", "--variants", "V1,V2,V3",
+                     "--out", str(png), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["600"] and len(ln.split()) == 8]
+    assert len(rows) == 2 and len(texts) == 2
+    for row, text in zip(rows, texts):
+        winner, gain = row[-2], row[-1]
+        assert gain.endswith("x") and float(gain[:-1]) >= 1.0
+        assert text.split("\n") == [winner, gain, row[3 + ["V1", "V2", "V3"].index(winner)] + " ms"]
+    assert png.exists()
+
+
+def test_unexpected_errors_are_one_line(monkeypatch, capsys):
+    def boom(args):
+        raise RuntimeError("something odd")
+    monkeypatch.setattr(cli, "cmd_info", boom)
+    assert cli.main(["info"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "RuntimeError: something odd" in err and "ASP_GMM_DEBUG" in err
 
 
 def test_corrupt_database_is_reported_with_the_path(tmp_path, monkeypatch, capsys):

@@ -102,6 +102,64 @@ def test_bad_data_is_named(X, exc, words):
         g.train(X)
 
 
+def test_float32_data_whose_variance_overflows_says_so(recwarn):
+    """Finite float32 data of scale 4e19 has a variance beyond float32: say that and the fix (not
+    "zero variance", and no numpy overflow warning)."""
+    X = (np.random.default_rng(0).standard_normal((500, 4)) * 4e19).astype(np.float32)
+    assert np.isfinite(X).all()
+    for backend in ("c", "numpy"):
+        with pytest.raises(ValueError, match=r"scale overflows float32.*scale the data.*dtype=np.float64") as info:
+            GMM(2, 4, backend=backend).train(X)
+        assert "zero variance" not in str(info.value)
+    assert np.isfinite(GMM(2, 4, backend="c", dtype=np.float64).train(X, max_em_iters=2))
+    big = np.random.default_rng(1).standard_normal((500, 4)) * 1e39     # finite float64, beyond float32
+    with pytest.raises(ValueError, match=r"values beyond the float32 range.*dtype=np.float64") as info:
+        GMM(2, 4, backend="c").train(big)
+    assert "NaN" not in str(info.value)
+    assert not [w for w in recwarn if "overflow" in str(w.message)]
+
+
+def test_min_iterations_above_max_is_refused():
+    X = np.random.default_rng(0).standard_normal((100, 2))
+    with pytest.raises(ValueError, match="min_em_iters=5 is larger than max_em_iters=2"):
+        GMM(2, 2, backend="c").train(X, min_em_iters=5, max_em_iters=2)
+    with pytest.raises(ValueError, match="min_em_iters=2 is larger than max_em_iters=0"):
+        GMM(2, 2, backend="c").train(X, min_em_iters=2, max_em_iters=0)
+
+
+@pytest.mark.parametrize("method", ["score", "predict", "eval"])
+def test_bad_data_to_score_predict_eval_names_the_method(method):
+    X = np.random.default_rng(0).standard_normal((100, 2))
+    g = GMM(2, 2, backend="c", seed=0)
+    with pytest.raises(RuntimeError, match=rf"call train\(X\) first.*\({method}\(\) needs them\)"):
+        getattr(g, method)(X)
+    g.train(X, max_em_iters=1)
+    with pytest.raises(TypeError, match=rf"{method}\(\) needs floating-point data") as info:
+        getattr(g, method)(X.astype(np.int64))
+    assert "training" not in str(info.value)
+    Y = X.copy()
+    Y[4, 0] = np.nan
+    with pytest.raises(ValueError, match=rf"NaN or infinity.*{method}\(\)") as info:
+        getattr(g, method)(Y)
+    assert "training" not in str(info.value)
+
+
+def test_auto_without_a_c_compiler_warns_once_naming_the_fix(monkeypatch):
+    from asp_gmm import backends
+    monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
+    monkeypatch.setattr(backends, "_warned_slow", False)
+    monkeypatch.delitem(backends._instances, "c", raising=False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert GMM(2, 2).backend == "numpy" and GMM(3, 2).backend == "numpy"
+    msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
+    assert len(msgs) == 1
+    assert "no-such-compiler-asp" in msgs[0] and "ASP_GMM_CC" in msgs[0] and "gcc" in msgs[0] and "slow" in msgs[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert GMM(2, 2, backend="numpy").backend == "numpy"   # chosen deliberately: no warning
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(M=0, D=3), "M must be a positive integer"),
     (dict(M=2, D=-1), "D must be a positive integer"),

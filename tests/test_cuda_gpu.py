@@ -228,11 +228,11 @@ def test_launch_error_names_kernel_and_configuration(rng):
         s.close()
 
 
-def test_read_only_data_is_uploaded_once_for_every_m(rng):
-    """A read-only data set stays on the device and serves sessions of any M (the diarization
-    example scores all frames under every cluster's model)."""
-    X = make_blobs(rng, 5000, 4, 2, dtype=np.float32)
-    X.flags.writeable = False
+def test_immutable_data_is_uploaded_once_for_every_m(rng):
+    """An immutable data set (asp_gmm.freeze) stays on the device and serves sessions of any M (the
+    diarization example scores all frames under every cluster's model)."""
+    import asp_gmm
+    X = asp_gmm.freeze(make_blobs(rng, 5000, 4, 2, dtype=np.float32))
     be = cuda_mod.CudaBackend()
     ptrs = []
     for M in (2, 3, 11):
@@ -246,6 +246,26 @@ def test_read_only_data_is_uploaded_once_for_every_m(rng):
         assert int(s.xt) != ptrs[0]
     finally:
         s.close()
+
+
+def test_read_only_data_its_owner_can_change_is_never_stale(rng):
+    """Read-only data whose owner can make it writeable again is uploaded on every call: a score
+    after its owner changed it and froze it again sees the new values, and a NaN written so is
+    named, not hidden."""
+    X = make_blobs(rng, 3000, 3, 2, dtype=np.float32)
+    X.flags.writeable = False
+    g = GMM(2, 3, backend="cuda", seed=0)
+    g.train(X, max_em_iters=2)
+    before = g.score(X)
+    X.flags.writeable = True
+    X[:] = X[::-1].copy()
+    X.flags.writeable = False
+    np.testing.assert_allclose(g.score(X), before[::-1], rtol=1e-5, atol=1e-4)
+    X.flags.writeable = True
+    X[5, 1] = np.nan
+    X.flags.writeable = False
+    with pytest.raises(ValueError, match=r"NaN or infinity \(first at row 5, column 1\).*score\(\)"):
+        g.score(X)
 
 
 @pytest.mark.parametrize("cvtype", ["full", "diag"])

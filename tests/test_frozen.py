@@ -1,56 +1,102 @@
-"""asp_gmm.frozen: which arrays count as unchangeable, and the memo keyed by them."""
+"""asp_gmm.frozen: which arrays count as unchangeable, the memo keyed by them, and freeze()."""
 import numpy as np
+import pytest
 
-from asp_gmm import frozen
+import asp_gmm
+from asp_gmm import GMM, frozen, gmm
 from asp_gmm.gmm import check_data
 
 
-def test_only_fully_read_only_chains_are_frozen():
+def test_only_immutable_chains_are_frozen():
     a = np.arange(12.0).reshape(4, 3).copy()   # owns its memory
     assert frozen.identity(a) is None
-    v = a[1:]
-    v.flags.writeable = False
-    assert frozen.identity(v) is None          # its base can still be written
     a.flags.writeable = False
-    assert frozen.identity(v) is not None and frozen.identity(a) is not None
-    assert frozen.identity(v)[1] != frozen.identity(a)[1]
-    b = np.frombuffer(b"\x00" * 64, dtype=np.float64)
-    assert frozen.identity(b) is not None     # bytes cannot change
+    assert frozen.identity(a) is None          # read-only, but its owner can make it writeable again
+    v = a[1:]
+    assert frozen.identity(v) is None
+    b = np.frombuffer(b"\x00" * 96, dtype=np.float64).reshape(4, 3)
+    assert frozen.identity(b) is not None      # bytes cannot change
+    assert frozen.identity(b[1:]) is not None and frozen.identity(b[1:])[1] != frozen.identity(b)[1]
+    with pytest.raises(ValueError):
+        b.flags.writeable = True
 
 
-def test_memo_forgets_dead_arrays_and_writeable_ones():
+def test_freeze_makes_an_immutable_copy_once():
+    X = np.arange(12.0).reshape(6, 2)
+    F = asp_gmm.freeze(X, np.float32)
+    assert F.dtype == np.float32 and F.flags.c_contiguous and frozen.identity(F) is not None
+    np.testing.assert_array_equal(F, X.astype(np.float32))
+    for arr in (F, F.base):
+        with pytest.raises(ValueError):
+            arr.flags.writeable = True
+    X[0, 0] = 99.0                             # a copy: the original stays the owner's
+    assert F[0, 0] == 0.0
+    assert asp_gmm.freeze(F) is F and asp_gmm.freeze(F, np.float32) is F
+    assert asp_gmm.freeze(F, np.float64).dtype == np.float64
+
+
+def test_memo_forgets_dead_arrays_and_changeable_ones():
     m = frozen.Memo(size=2)
     a = np.ones(5)
     m.put(a, 1)
     assert m.get(a) is None                    # writeable: never remembered
     a.flags.writeable = False
     m.put(a, 1)
-    assert m.get(a) == 1
-    key = frozen.identity(a)[1]
-    del a
-    c = np.ones(5)
-    c.flags.writeable = False
+    assert m.get(a) is None                    # read-only but changeable: never remembered either
+    f = asp_gmm.freeze(a)
+    m.put(f, 1)
+    assert m.get(f) == 1
+    key = frozen.identity(f)[1]
+    del f
+    c = asp_gmm.freeze(np.ones(5))
     if frozen.identity(c)[1] == key:           # same address reused: the dead weakref tells
         assert m.get(c) is None
     for i in range(3):
-        x = np.full(3, float(i))
-        x.flags.writeable = False
-        m.put(x, i)
-    assert len(m._d) == 2
+        m.put(asp_gmm.freeze(np.full(3, float(i))), i)
+    assert len(m._d) <= 2
 
 
 def test_check_data_still_refuses_nan_in_read_only_data():
     X = np.ones((10, 2))
     X[3, 1] = np.nan
     X.flags.writeable = False
-    for _ in range(2):
-        try:
-            check_data(X, 2, np.float64)
-        except ValueError as exc:
-            assert "NaN" in str(exc)
-        else:
-            raise AssertionError("NaN accepted")
-    Y = np.ones((10, 2))
-    Y.flags.writeable = False
+    for data in (X, asp_gmm.freeze(X)):
+        for _ in range(2):
+            with pytest.raises(ValueError, match=r"NaN or infinity \(first at row 3, column 1\)"):
+                check_data(data, 2, np.float64)
+    Y = asp_gmm.freeze(np.ones((10, 2)))
     assert check_data(Y, 2, np.float64) is Y
     assert check_data(Y, 2, np.float64) is Y  # the memoised path returns the same array
+
+
+def test_a_read_only_array_its_owner_changed_is_checked_again():
+    """The owner of read-only data makes it writeable, writes a NaN and freezes it again: the next
+    call names the NaN (not a collapsed component or zero variance)."""
+    X = np.random.default_rng(0).standard_normal((300, 3))
+    X.flags.writeable = False
+    g = GMM(2, 3, backend="c", dtype=np.float64, seed=0)
+    g.train(X, max_em_iters=2)
+    g.score(X)
+    X.flags.writeable = True
+    X[7, 2] = np.nan
+    X.flags.writeable = False
+    for call, name in ((g.score, "score()"), (g.predict, "predict()"), (g.eval, "eval()"), (g.train, "training")):
+        with pytest.raises(ValueError, match=rf"NaN or infinity \(first at row 7, column 2\).*before {name}"):
+            call(X)
+
+
+def test_immutable_data_is_checked_once(monkeypatch):
+    calls = []
+    real = gmm._first_non_finite
+    monkeypatch.setattr(gmm, "_first_non_finite", lambda a: calls.append(1) or real(a))
+    F = asp_gmm.freeze(np.random.default_rng(1).standard_normal((200, 2)))
+    g = GMM(2, 2, backend="c", dtype=np.float64, seed=0)
+    g.train(F, max_em_iters=1)
+    for _ in range(3):
+        g.score(F)
+    assert len(calls) == 1
+    R = np.array(F)
+    R.flags.writeable = False
+    for _ in range(3):
+        g.score(R)
+    assert len(calls) == 4

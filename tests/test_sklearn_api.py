@@ -311,14 +311,48 @@ def test_pickle_and_params_roundtrip(rng):
 
 def test_exposed_at_package_level():
     assert asp_gmm.GaussianMixture is GaussianMixture
+    assert "GaussianMixture" in asp_gmm.__all__
+    ns = {}
+    exec("from asp_gmm import *", ns)
+    assert ns["GaussianMixture"] is GaussianMixture
 
 
 def test_import_error_without_sklearn():
     code = ("import sys\nsys.modules['sklearn'] = None\nimport asp_gmm\n"
+            "from asp_gmm import *\n"
             "try:\n    asp_gmm.GaussianMixture\nexcept ImportError as e:\n    print(e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "pip install scikit-learn" in r.stdout
+
+
+@pytest.mark.parametrize("cvtype", CVTYPES)
+def test_score_averages_in_the_working_precision_as_sklearn(cvtype):
+    """scikit-learn's score is score_samples(X).mean() in the model's dtype (its test_score[float32]
+    compares the two to 7 decimals)."""
+    rng = np.random.RandomState(0)
+    X = (rng.randn(500, 2) * 7 + np.array([[30.0, -20.0]]) * rng.randint(0, 2, (500, 1))).astype(np.float32)
+    gm = GaussianMixture(2, covariance_type=cvtype, max_iter=1, reg_covar=0, random_state=rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gm.fit(X)
+    samples = gm.score_samples(X)
+    assert samples.dtype == np.float32
+    assert gm.score(X) == samples.mean() and np.asarray(gm.score(X)).dtype == np.float32
+    np.testing.assert_almost_equal(gm.score(X), samples.mean())
+
+
+def test_auto_without_a_c_compiler_warns_once(monkeypatch, rng):
+    from asp_gmm import backends
+    monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
+    monkeypatch.setattr(backends, "_warned_slow", False)
+    X = make_blobs(rng, 200, 2, 2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        GaussianMixture(2, random_state=0).fit(X)
+        GaussianMixture(2, random_state=0).fit(X)
+    msgs = [str(x.message) for x in w if "NumPy reference" in str(x.message)]
+    assert len(msgs) == 1 and "ASP_GMM_CC" in msgs[0]
 
 
 def test_hard_label_statistics_equal_sklearn_formulas(rng):

@@ -249,6 +249,189 @@ def test_clear(tmp_path):
     assert h.count() == 1
 
 
+def _export_doc(tmp_path):
+    a = History(url(tmp_path, "src.sqlite"))
+    a.record("devA", FP, V3, 1000, 19, 4, "full", "float32", "ok", 1e-3, 5e-4, 3)
+    a.record("devA", FP, V4, 2000, 19, 4, "full", "float32", "ok", 2e-3, 1e-3, 3)
+    a.record("devA", FP, V4, 3000, 19, 4, "diag", "float64", "compile-failed")
+    a.export(tmp_path / "e.json")
+    return json.loads((tmp_path / "e.json").read_text())
+
+
+def _set(path, value):
+    def change(doc):
+        *head, last = path
+        d = doc
+        for k in head:
+            d = d[k]
+        d[last] = value
+    return change
+
+
+BAD_IMPORTS = {
+    "N too large": (_set(["timings", 1, "N"], 10**30), "timings[1].N"),
+    "N negative": (_set(["timings", 0, "N"], -5), "timings[0].N"),
+    "D not an integer": (_set(["timings", 0, "D"], 1.5), "timings[0].D"),
+    "M a string": (_set(["timings", 2, "M"], "4"), "timings[2].M"),
+    "fingerprint a string": (_set(["devices", 0, "fingerprint"], "x86"), "devices[0].fingerprint"),
+    "seconds a string": (_set(["timings", 1, "seconds"], "fast"), "timings[1].seconds"),
+    "seconds negative": (_set(["timings", 1, "seconds"], -1.0), "timings[1].seconds"),
+    "ok without seconds": (_set(["timings", 0, "seconds"], None), "timings[0].seconds"),
+    "tunables not JSON": (_set(["timings", 1, "variant", "tunables"], "{bad"), "timings[1].variant.tunables"),
+    "tunables not an object": (_set(["timings", 1, "variant", "tunables"], "[1, 2]"), "timings[1].variant.tunables"),
+    "unknown status": (_set(["timings", 2, "status"], "great"), "timings[2].status"),
+    "unknown cvtype": (_set(["timings", 0, "cvtype"], "tied"), "timings[0].cvtype"),
+    "unknown dtype": (_set(["timings", 0, "dtype"], "int8"), "timings[0].dtype"),
+    "repeats zero": (_set(["timings", 0, "repeats"], 0), "timings[0].repeats"),
+    "created_at not a date": (_set(["timings", 0, "created_at"], "yesterday"), "timings[0].created_at"),
+    "device id unknown": (_set(["timings", 1, "device_id"], "devB"), "timings[1].device_id"),
+    "device id a number": (_set(["devices", 0, "id"], 7), "devices[0].id"),
+    "uid twice": (lambda doc: doc["timings"][2].update(uid=doc["timings"][0]["uid"]), "timings[2].uid"),
+    "timing not an object": (_set(["timings", 1], 42), "timings[1]"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_IMPORTS))
+def test_import_checks_every_row_before_writing_anything(tmp_path, case):
+    """One bad value rejects the whole file with one line naming the row and the field; nothing is
+    written (not even the good rows before it) and the history stays readable."""
+    change, where = BAD_IMPORTS[case]
+    doc = _export_doc(tmp_path)
+    change(doc)
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    b = History(url(tmp_path, "b.sqlite"))
+    with pytest.raises(HistoryError) as info:
+        b.import_(tmp_path / "bad.json")
+    msg = str(info.value)
+    assert f"{where} " in msg and "nothing was imported" in msg and "\n" not in msg
+    assert b.count() == 0 and b.devices() == [] and b.rows() == []
+
+
+def test_import_of_an_unreadable_file_is_one_error(tmp_path):
+    b = History(url(tmp_path, "b.sqlite"))
+    (tmp_path / "deep.json").write_text('{"a":' * 100000 + "1" + "}" * 100000)
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00garbage" * 100)
+    for name in ("deep.json", "binary.json", "missing.json"):
+        with pytest.raises(HistoryError, match=f"cannot read .*{name}"):
+            b.import_(tmp_path / name)
+    assert b.count() == 0
+
+
+def test_import_accepts_what_export_writes_and_canonicalises_tunables(tmp_path):
+    doc = _export_doc(tmp_path)
+    doc["timings"][0]["variant"]["tunables"] = '{ "chunk_tiles" : 4 }'
+    doc["timings"][0]["created_at"] += "+00:00"
+    (tmp_path / "ok.json").write_text(json.dumps(doc))
+    b = History(url(tmp_path, "b.sqlite"))
+    assert b.import_(tmp_path / "ok.json") == (3, 0)
+    assert {r.variant for r in b.rows()} == {V3, V4}
+
+
+def _damage(path, device_id):
+    """Rows an older import let in: values no asp_gmm writes (SQLite keeps any value in any column)."""
+    with sqlite3.connect(path) as c:
+        c.execute("insert into variants (backend, name, tunables, source_sha256) values ('c', 'V3', '{bad', 'x')")
+        bad_variant = c.execute("select max(id) from variants").fetchone()[0]
+        good_variant = c.execute("select min(id) from variants").fetchone()[0]
+        cols = "uid, device_id, variant_id, N, D, M, cvtype, dtype, seconds, cov_seconds, repeats, status, created_at, package_version"
+        rows = [("d1", bad_variant, 1000, "ok", 1e-3, "2026-01-01 00:00:00.000000"),
+                ("d2", good_variant, 1000, "ok", "fast", "2026-01-01 00:00:00.000000"),
+                ("d3", good_variant, "abc", "ok", 1e-3, "2026-01-01 00:00:00.000000"),
+                ("d4", good_variant, 1000, "ok", 1e-3, "not a time")]
+        for uid, vid, N, st, sec, at in rows:
+            c.execute(f"insert into timings ({cols}) values (?, ?, ?, ?, 3, 2, 'full', 'float64', ?, null, 1, ?, ?, '')",
+                      (uid, device_id, vid, N, sec, st, at))
+        return [r[0] for r in c.execute("select id from timings where uid like 'd_' order by id")]
+
+
+def test_a_damaged_history_is_read_around_and_repaired(tmp_path, monkeypatch, rng, capsys):
+    """Damaged rows are skipped with one warning naming them: `history list` works, train still
+    explores and records (tuning is not switched off), and `history repair` deletes them."""
+    from asp_gmm import cli
+    from asp_gmm.backends import get_backend
+    be = get_backend("c")
+    u = url(tmp_path)
+    monkeypatch.setenv("ASP_GMM_DB", u)
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(u)
+    good = h.record(be.device_id, be.fingerprint(), V3, 1000, 3, 2, "full", "float64", "ok", 1e-3)
+    h.close()
+    bad = _damage(tmp_path / "h.sqlite", be.device_id)
+    with pytest.warns(RuntimeWarning, match="damaged") as w:
+        rows = History(u).rows()
+    assert [r.uid for r in rows] == [good.uid]
+    msg = str(w[0].message)
+    assert all(f"id {i}" in msg for i in bad) and "asp-gmm history repair" in msg
+    assert "seconds" in msg and "variant.tunables" in msg and "N " in msg and "created_at" in msg
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli.main(["history", "list"]) == 0
+        assert "(5 rows)" in capsys.readouterr().out
+        X = make_blobs(rng, 1000, 3, 2, dtype=np.float64)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            g = GMM(2, 3, backend="c", dtype=np.float64)
+            g.train(X, max_em_iters=3)
+        assert not [x for x in w if "cannot be used" in str(x.message)]
+        assert g.last_train.reason == "explore" and g.last_train.explored
+        selection.default_selector().flush()      # what train recorded
+    assert cli.main(["history", "repair"]) == 0
+    assert "deleted 4" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(History(u).rows()) >= 1 + len(g.last_train.explored)
+    assert cli.main(["history", "clear", "--yes"]) == 0 and History(u).count() == 0
+
+
+def test_a_foreign_sqlite_file_is_left_byte_for_byte(tmp_path):
+    import hashlib
+    other = tmp_path / "invoices.sqlite"
+    with sqlite3.connect(other) as c:
+        c.execute("create table invoices (id integer, amount real)")
+        c.execute("insert into invoices values (1, 9.5)")
+    before = hashlib.sha256(other.read_bytes()).hexdigest()
+    with pytest.raises(HistoryError, match="not an asp_gmm tuning history"):
+        History(f"sqlite:///{other}")
+    assert hashlib.sha256(other.read_bytes()).hexdigest() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["invoices.sqlite"]
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "uncreatable"])
+def test_an_unusable_history_location_warns_once_and_train_works(tmp_path, monkeypatch, rng, where):
+    f = tmp_path / "a-file"
+    f.write_text("x")
+    path = f / "h.sqlite" if where == "under-a-file" else Path("/proc/asp_gmm_nowhere") / str(tmp_path.name) / "h.sqlite"
+    monkeypatch.setenv("ASP_GMM_DB", str(path))
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    X = make_blobs(rng, 500, 3, 2, dtype=np.float64)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            g = GMM(2, 3, backend="c", dtype=np.float64)
+            assert np.isfinite(g.train(X, max_em_iters=2))
+            assert g.last_train.reason == "rule"
+    msgs = [str(x.message) for x in w if "tuning history" in str(x.message)]
+    assert len(msgs) == 1 and str(path) in msgs[0] and "ASP_GMM_DB" in msgs[0]
+    with pytest.raises(HistoryError, match="ASP_GMM_DB"):
+        History(str(path))
+
+
+def test_a_read_only_history_is_never_advised_deleted(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    h = History(url(tmp_path))
+    h.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    h.close()
+    ro = History(f"sqlite:///file:{tmp_path / 'h.sqlite'}?mode=ro&uri=true")
+    assert ro.path == str(tmp_path / "h.sqlite") and ro.count() == 1
+    ro.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    with pytest.raises(HistoryError) as info:
+        ro.flush()
+    msg = str(info.value)
+    assert "read-only" in msg and str(tmp_path / "h.sqlite") in msg and "ASP_GMM_DB" in msg
+    assert "delete" not in msg and "move" not in msg
+    ro._pending.clear()
+
+
 # ------------------------------------------------------------------ PostgreSQL
 def _pg_bin():
     found = shutil.which("initdb")

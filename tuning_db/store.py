@@ -26,22 +26,28 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import random
+import sqlite3
+import stat
 import threading
 import time
+import urllib.parse
 import uuid
+import warnings
 import weakref
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 import platformdirs
-from sqlalchemy import create_engine, delete, event, func, inspect, select
+from sqlalchemy import String, create_engine, delete, event, func, inspect, select, type_coerce
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 
-from .models import SCHEMA_VERSION, STATUSES, Base, Device, SchemaInfo, Timing, Variant
+from .models import (CVTYPES, DTYPES, INT_MAX, SCHEMA_VERSION, STATUSES, Base, Device, SchemaInfo, Timing,
+                     Variant)
 
 log = logging.getLogger("asp_gmm.tuning_db")
 
@@ -191,6 +197,7 @@ class History:
         self._variant_ids: dict = {}
         self._known_devices: set = set()
         self._fingerprints: dict = {}
+        self._warned_damaged: set = set()
         try:
             u = make_url(self.url)
         except ArgumentError as exc:
@@ -214,7 +221,15 @@ class History:
         if self.path in (None, "", ":memory:"):
             raise HistoryError("an in-memory SQLite history would be lost at exit and is not shared between "
                                "connections; give a file: sqlite:///path/history.sqlite")
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        if str(u.query.get("uri", "")).lower() in ("true", "1") and self.path.startswith("file:"):
+            self.path = self.where = urllib.parse.unquote(urllib.parse.urlparse(self.path).path)
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HistoryError(
+                f"the folder of the tuning history {self.path} cannot be created ({exc.strerror or exc}); set "
+                "ASP_GMM_DB to a file in a folder you can write (or any SQLAlchemy URL)") from None
+        self._check_sqlite_file()
         engine = create_engine(u, connect_args={"timeout": 30.0})
 
         @event.listens_for(engine, "connect")
@@ -233,6 +248,37 @@ class History:
                                  else "BEGIN")
         return engine
 
+    def _check_sqlite_file(self) -> None:
+        """Refuse, before any connection that could write (``journal_mode=WAL`` rewrites the header),
+        a file that is not an SQLite database or is another program's database: such a file is left
+        byte for byte as it was. An empty or missing file, or one with no tables, becomes a history."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise HistoryError(f"the tuning history {self.path} cannot be read ({exc.strerror or exc}); "
+                               "set ASP_GMM_DB to a file you can read and write") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise HistoryError(f"the tuning history {self.path} is a folder; set ASP_GMM_DB to a file path, "
+                               f"e.g. {Path(self.path) / 'history.sqlite'}")
+        if st.st_size == 0:
+            return
+        uri = "file:" + urllib.parse.quote(str(Path(self.path).absolute())) + "?mode=ro"
+        try:
+            con = sqlite3.connect(uri, uri=True, timeout=30.0)
+            try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as exc:
+            raise self._translate(exc, "open") from None
+        if tables and SchemaInfo.__tablename__ not in tables:
+            raise HistoryError(
+                f"{self.where} is a database but not an asp_gmm tuning history (it has the tables "
+                f"{sorted(tables)[:5]} and no {SchemaInfo.__tablename__}); it was left unchanged; "
+                "set ASP_GMM_DB to another location")
+
     def _fix(self) -> str:
         if self.is_sqlite:
             return f"move {self.path} away (or delete it to start a new history), or set ASP_GMM_DB to another location"
@@ -240,9 +286,20 @@ class History:
 
     def _translate(self, exc: Exception, doing: str) -> HistoryError:
         msg = str(getattr(exc, "orig", None) or exc)
-        if self.is_sqlite and ("not a database" in msg or "malformed" in msg or "encrypted" in msg):
+        low = msg.lower()
+        if self.is_sqlite and ("not a database" in low or "malformed" in low or "encrypted" in low):
             return HistoryError(f"the tuning history {self.path} is corrupt or not an SQLite file ({msg}); "
                                 f"{self._fix()}")
+        if self.is_sqlite and ("readonly" in low or "read-only" in low or "permission denied" in low):
+            # never advise deleting it: it may be a shared history someone made read-only on purpose
+            return HistoryError(
+                f"could not {doing} the tuning history {self.path}: it is read-only for you ({msg}). Make it and "
+                "its folder writable for you (chmod u+w), or set ASP_GMM_DB to a file you can write, or set "
+                "ASP_GMM_AUTOTUNE=0 to run without measuring")
+        if self.is_sqlite and "unable to open" in low:
+            return HistoryError(
+                f"could not {doing} the tuning history {self.path} ({msg}): check that you can read and write "
+                "it and its folder, or set ASP_GMM_DB to another location")
         return HistoryError(f"could not {doing} the tuning history {self.where}: {msg}; {self._fix()}")
 
     def _open(self):
@@ -380,11 +437,12 @@ class History:
         if conn.execute(select(Device.id).where(Device.id == device_id)).first() is None:
             cores = fp.get("threads", fp.get("cores", fp.get("sms", fp.get("multiprocessors", 0))))
             isa = fp.get("isa", fp.get("compute_capability", fp.get("cc", "")))
+            cores = int(cores) if str(cores).isdigit() and len(str(cores)) < 10 else 0   # fits the column
             conn.execute(Device.__table__.insert().values(
-                id=device_id, backend=str(fp.get("backend", "")),
+                id=device_id, backend=str(fp.get("backend", ""))[:32],
                 model=str(fp.get("model", fp.get("device", fp.get("name", ""))))[:256],
                 isa=(",".join(map(str, isa)) if isinstance(isa, (list, tuple)) else str(isa))[:512],
-                cores=int(cores) if str(cores).isdigit() else 0,
+                cores=cores,
                 driver=str(fp.get("driver", fp.get("cuda_driver", "")))[:256],
                 compiler=str(fp.get("compiler", fp.get("nvcc", "")))[:512],
                 fingerprint=canonical_json(fp), created_at=_now()))
@@ -412,10 +470,18 @@ class History:
         return self._run(lambda: self._select(device_id, since_id, limit, newest_first), "read")
 
     def _select(self, device_id, since_id, limit=None, newest_first=False, extra=None):
+        with self._engine.connect() as conn:
+            rows, bad = self._read(conn, device_id, since_id, limit, newest_first, extra)
+        self._warn_damaged(bad)
+        return rows
+
+    def _read(self, conn, device_id, since_id, limit=None, newest_first=False, extra=None):
+        """``(rows, damaged)``: the stored rows that can be read, and ``[(id, what is wrong)]`` of
+        those that cannot (values no asp_gmm writes; SQLite keeps any value in any column)."""
         T, V = Timing.__table__.c, Variant.__table__.c
+        at = type_coerce(T.created_at, String) if self.is_sqlite else T.created_at
         q = (select(T.id, T.uid, T.device_id, V.backend, V.name, V.tunables, V.source_sha256, T.N, T.D, T.M,
-                    T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, T.created_at,
-                    T.package_version)
+                    T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, at, T.package_version)
              .join_from(Timing.__table__, Variant.__table__, T.variant_id == V.id)
              .where(T.id > since_id))
         if device_id is not None:
@@ -426,15 +492,34 @@ class History:
         if limit is not None:
             q = q.limit(limit)
         keys: dict = {}
-        with self._engine.connect() as conn:
-            out = []
-            for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv) in conn.execute(q):
-                k = (vb, vn, vt, vs)
-                vk = keys.get(k)
+        out, bad = [], []
+        for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv) in conn.execute(q):
+            k = (vb, vn, vt, vs)
+            vk = keys.get(k)
+            try:
                 if vk is None:
+                    why = _tunables_problem(vt)
+                    if why:
+                        raise _Bad("variant.tunables", why)
                     vk = keys[k] = VariantKey(*k)
-                out.append(Row(dev, vk, N, D, M, cv, dt, st, sec, csec, rep, at, pv, uid, id_))
-            return out
+                _check_values(N, D, M, cv, dt, st, sec, csec, rep)
+                when = _timestamp(at)
+            except _Bad as b:
+                bad.append((id_, f"{b.field} {b.why}"))
+                continue
+            out.append(Row(dev, vk, N, D, M, cv, dt, st, sec, csec, rep, when, pv or "", uid, id_))
+        return out, bad
+
+    def _warn_damaged(self, bad) -> None:
+        new = [(i, why) for i, why in bad if i not in self._warned_damaged]
+        if not new:
+            return
+        self._warned_damaged.update(i for i, _ in new)
+        shown = "; ".join(f"id {i}: {why}" for i, why in new[:5]) + ("; ..." if len(new) > 5 else "")
+        msg = (f"asp_gmm: skipped {len(new)} damaged timing row(s) of the tuning history {self.where} ({shown}); "
+               "run `asp-gmm history repair` to delete them")
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
     def view(self, device_id: str) -> DeviceView:
         """The in-memory rows of ``device_id`` (loaded on first use, refreshed when stale)."""
@@ -480,9 +565,22 @@ class History:
             with self._engine.connect() as conn:
                 T, Dv = Timing.__table__.c, Device.__table__.c
                 counts = {d: n for d, n in conn.execute(select(T.device_id, func.count()).group_by(T.device_id))}
-                return [(d, json.loads(fp), counts.get(d, 0))
-                        for d, fp in conn.execute(select(Dv.id, Dv.fingerprint).order_by(Dv.created_at, Dv.id))]
-        return self._run(q, "read")
+                out, bad = [], []
+                for d, fp in conn.execute(select(Dv.id, Dv.fingerprint).order_by(Dv.created_at, Dv.id)):
+                    why = _fingerprint_problem(fp)
+                    if why:
+                        bad.append((d, why))
+                    else:
+                        out.append((d, json.loads(fp), counts.get(d, 0)))
+                return out, bad
+        out, bad = self._run(q, "read")
+        if bad:
+            msg = (f"asp_gmm: skipped {len(bad)} device(s) of the tuning history {self.where} whose fingerprint "
+                   f"cannot be read ({'; '.join(f'{d}: {w}' for d, w in bad[:3])}); run `asp-gmm history repair` "
+                   "to delete them")
+            log.warning(msg)
+            warnings.warn(msg, RuntimeWarning, stacklevel=2)
+        return out
 
     def count(self) -> int:
         self.flush()
@@ -526,12 +624,17 @@ class History:
     def import_(self, path) -> tuple:
         """Add the rows of an export file; rows already present (same uid) are skipped.
 
+        Every device and timing is checked first (types, ranges that fit the columns, known statuses,
+        cvtypes and dtypes, tunables that are JSON objects, timestamps); one bad value rejects the
+        whole file and nothing is written. The rows are then written in one transaction.
+
         Returns ``(added, skipped)``. Raises :class:`SchemaMismatchError` for a file of another
-        schema version and :class:`HistoryError` for a file that is not an export.
+        schema version and :class:`HistoryError` for a file that is not an export or holds a bad
+        value (the message names the row and the field).
         """
         try:
             doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:   # RecursionError: absurdly deep nesting
             raise HistoryError(f"cannot read {path} as an asp_gmm history export: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise HistoryError(f"{path} is not an asp_gmm history export (written by `asp-gmm history export`)")
@@ -539,19 +642,44 @@ class History:
             raise SchemaMismatchError(
                 f"{path} has schema version {doc.get('schema_version')}, this asp_gmm uses {SCHEMA_VERSION}; "
                 "its rows were not imported. Export it again with an asp_gmm of this schema version.")
-        try:
-            devices = {d["id"]: d["fingerprint"] for d in doc.get("devices", [])}
-            rows = [_row_from_json(t) for t in doc.get("timings", [])]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise HistoryError(f"{path} is a damaged history export ({exc!r}); nothing was imported") from None
-        unknown = {r.device_id for r in rows} - set(devices)
-        if unknown:
-            raise HistoryError(f"{path} has timings of devices it does not describe: {sorted(unknown)[:3]}")
+        devices, rows = _parse_export(doc, path)
         with self._lock:
             self.flush()
             added = self._run(lambda: self._insert(rows, skip_existing=True, devices=devices), "import into")
             self._views.clear()
         return added, len(rows) - added
+
+    def repair(self) -> int:
+        """Delete the damaged rows a history may hold (values no asp_gmm writes: written by an older
+        import or by hand), which reading skips with a warning: timings that cannot be read, and
+        variants and devices that cannot be read with their timings. Returns the timings deleted."""
+        with self._lock:
+            self.flush()
+
+            def tx():
+                with self._write() as conn:
+                    _, bad = self._read(conn, None, 0)
+                    bad_ids = {i for i, _ in bad}
+                    V, Dv, T = Variant.__table__.c, Device.__table__.c, Timing.__table__.c
+                    bad_variants = [vid for vid, tun in conn.execute(select(V.id, V.tunables))
+                                    if _tunables_problem(tun)]
+                    bad_devices = [did for did, fp in conn.execute(select(Dv.id, Dv.fingerprint))
+                                   if _fingerprint_problem(fp)]
+                    n = 0
+                    for col, keys in ((T.variant_id, bad_variants), (T.device_id, bad_devices), (T.id, sorted(bad_ids))):
+                        for k in range(0, len(keys), 500):
+                            n += conn.execute(delete(Timing).where(col.in_(keys[k:k + 500]))).rowcount
+                    for k in range(0, len(bad_variants), 500):
+                        conn.execute(delete(Variant).where(V.id.in_(bad_variants[k:k + 500])))
+                    for k in range(0, len(bad_devices), 500):
+                        conn.execute(delete(Device).where(Dv.id.in_(bad_devices[k:k + 500])))
+                    return n
+            n = self._run(tx, "repair")
+            self._views.clear()
+            self._variant_ids.clear()
+            self._known_devices.clear()
+            self._warned_damaged.clear()
+            return n
 
     def close(self) -> None:
         """Flush and release the connections."""
@@ -592,13 +720,146 @@ def _row_to_json(r: Row) -> dict:
     return d
 
 
-def _row_from_json(d: dict) -> Row:
-    v = d["variant"]
-    if d["status"] not in STATUSES:
-        raise ValueError(f"unknown status {d['status']!r}")
-    return Row(device_id=d["device_id"], variant=VariantKey(v["backend"], v["name"], v.get("tunables", "{}"),
-                                                            v.get("source_sha256", "")),
-               N=int(d["N"]), D=int(d["D"]), M=int(d["M"]), cvtype=d["cvtype"], dtype=d["dtype"],
-               status=d["status"], seconds=d.get("seconds"), cov_seconds=d.get("cov_seconds"),
-               repeats=int(d.get("repeats", 1)), created_at=datetime.fromisoformat(d["created_at"]),
-               package_version=d.get("package_version", ""), uid=d["uid"])
+class _Bad(ValueError):
+    """A value that does not belong in a history row: ``field`` and what is wrong with it."""
+
+    def __init__(self, field: str, why: str):
+        self.field, self.why = field, why
+        super().__init__(f"{field}: {why}")
+
+
+def _show(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _int(v, field: str, lo: int = 1, hi: int = INT_MAX) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _Bad(field, f"must be an integer, got {_show(v)}")
+    if not lo <= v <= hi:
+        raise _Bad(field, f"must be between {lo} and {hi}, got {_show(v)}")
+    return v
+
+
+def _seconds(v, field: str, ok_zero: bool = False):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not ok_zero):
+        raise _Bad(field, f"must be a {'non-negative' if ok_zero else 'positive'} finite number of seconds or "
+                          f"null, got {_show(v)}")
+    return float(v)
+
+
+def _text(v, field: str, maxlen: int, empty_ok: bool = False) -> str:
+    if not isinstance(v, str) or (not v and not empty_ok):
+        raise _Bad(field, f"must be a{'' if empty_ok else ' non-empty'} string, got {_show(v)}")
+    if len(v) > maxlen:
+        raise _Bad(field, f"must be at most {maxlen} characters, got {len(v)}")
+    return v
+
+
+def _check_values(N, D, M, cvtype, dtype, status, seconds, cov_seconds, repeats) -> None:
+    """Raise :class:`_Bad` for a timing's values that no asp_gmm writes."""
+    for field, v in (("N", N), ("D", D), ("M", M)):
+        _int(v, field)
+    for field, v, known in (("cvtype", cvtype, CVTYPES), ("dtype", dtype, DTYPES), ("status", status, STATUSES)):
+        if v not in known:
+            raise _Bad(field, f"must be one of {', '.join(known)}, got {_show(v)}")
+    if _seconds(seconds, "seconds") is None and status == "ok":
+        raise _Bad("seconds", "must be a positive number of seconds for an ok timing, got null")
+    _seconds(cov_seconds, "cov_seconds", ok_zero=True)
+    _int(repeats, "repeats")
+
+
+def _tunables_problem(text):
+    """``None`` when ``text`` is the JSON of an object (as VariantKey stores tunables), else what is wrong."""
+    if not isinstance(text, str):
+        return f"must be the JSON text of an object, got {_show(text)}"
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return f"is not valid JSON: {_show(text)}"
+    if not isinstance(obj, dict):
+        return f"must be the JSON of an object, got {_show(text)}"
+    return None
+
+
+def _fingerprint_problem(text):
+    try:
+        obj = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        obj = None
+    return None if isinstance(obj, dict) else f"fingerprint is not the JSON of an object: {_show(text)}"
+
+
+def _timestamp(v) -> datetime:
+    if isinstance(v, datetime):
+        return v
+    try:
+        t = datetime.fromisoformat(v)
+    except (TypeError, ValueError):
+        raise _Bad("created_at", f"must be an ISO date and time, got {_show(v)}") from None
+    if t.tzinfo is not None:
+        t = t.astimezone(timezone.utc).replace(tzinfo=None)
+    return t
+
+
+def _parse_export(doc: dict, path) -> tuple:
+    """``(devices {id: fingerprint}, rows)`` of an export document, every value checked; a bad one
+    raises :class:`HistoryError` naming the row and the field (nothing is imported)."""
+    def fail(where, b):
+        field = f"{where}.{b.field}" if b.field else where
+        return HistoryError(f"{path}: {field} {b.why}; nothing was imported")
+
+    devs, timings = doc.get("devices", []), doc.get("timings", [])
+    for name, v in (("devices", devs), ("timings", timings)):
+        if not isinstance(v, list):
+            raise HistoryError(f"{path}: {name} must be a list, got {_show(v)}; nothing was imported")
+    devices = {}
+    for i, d in enumerate(devs):
+        try:
+            if not isinstance(d, dict):
+                raise _Bad("", f"must be an object with an id and a fingerprint, got {_show(d)}")
+            did = _text(d.get("id"), "id", 64)
+            fp = d.get("fingerprint")
+            if not isinstance(fp, dict):
+                raise _Bad("fingerprint", f"must be an object (the device's fingerprint), got {_show(fp)}")
+        except _Bad as b:
+            raise fail(f"devices[{i}]", b) from None
+        devices[did] = fp
+    rows, seen = [], {}
+    for i, t in enumerate(timings):
+        try:
+            if not isinstance(t, dict):
+                raise _Bad("", f"must be an object, got {_show(t)}")
+            uid = _text(t.get("uid"), "uid", 32)
+            if uid in seen:
+                raise _Bad("uid", f"{uid!r} appears twice (also timings[{seen[uid]}])")
+            seen[uid] = i
+            dev = _text(t.get("device_id"), "device_id", 64)
+            if dev not in devices:
+                raise _Bad("device_id", f"{dev!r} names a device the file does not describe")
+            v = t.get("variant")
+            if not isinstance(v, dict):
+                raise _Bad("variant", f"must be an object (backend, name, tunables, source_sha256), got {_show(v)}")
+            backend = _text(v.get("backend"), "variant.backend", 32)
+            name = _text(v.get("name"), "variant.name", 64)
+            tunables = v.get("tunables", "{}")
+            why = _tunables_problem(tunables)
+            if why:
+                raise _Bad("variant.tunables", why)
+            tunables = _text(canonical_json(json.loads(tunables)), "variant.tunables", 512)
+            sha = _text(v.get("source_sha256", ""), "variant.source_sha256", 64, empty_ok=True)
+            N, D, M = t.get("N"), t.get("D"), t.get("M")
+            cvtype, dtype, status = t.get("cvtype"), t.get("dtype"), t.get("status")
+            seconds, cov_seconds, repeats = t.get("seconds"), t.get("cov_seconds"), t.get("repeats", 1)
+            _check_values(N, D, M, cvtype, dtype, status, seconds, cov_seconds, repeats)
+            created_at = _timestamp(t.get("created_at"))
+            pv = _text(t.get("package_version", ""), "package_version", 32, empty_ok=True)
+        except _Bad as b:
+            raise fail(f"timings[{i}]", b) from None
+        rows.append(Row(device_id=dev, variant=VariantKey(backend, name, tunables, sha), N=N, D=D, M=M,
+                        cvtype=cvtype, dtype=dtype, status=status, seconds=_seconds(seconds, "seconds"),
+                        cov_seconds=_seconds(cov_seconds, "cov_seconds", ok_zero=True), repeats=repeats,
+                        created_at=created_at, package_version=pv, uid=uid))
+    return devices, rows

@@ -5,9 +5,13 @@ Optional runtimes (pycuda) are imported only when asked for, so the package impo
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
+import warnings
 
 from ..errors import BackendUnavailableError
+
+log = logging.getLogger("asp_gmm")
 
 #: name -> (module, class). Order of preference for backend="auto".
 _BACKENDS = {
@@ -47,6 +51,7 @@ def get_backend(name: str = "auto"):
     if name == "auto":
         for n in _BACKENDS:
             if unavailable_reason(n) is None:
+                note_auto_choice(n)
                 return get_backend(n)
         raise BackendUnavailableError("no backend can run here")  # pragma: no cover - numpy always can
     inst = _instances.get(name)
@@ -59,3 +64,22 @@ def get_backend(name: str = "auto"):
                     raise BackendUnavailableError(f"backend {name!r} is not available: {reason}")
                 inst = _instances[name] = backend_class(name)()
     return inst
+
+
+_warned_slow = False
+
+
+def note_auto_choice(name: str) -> None:
+    """Called with the backend ``backend="auto"`` settled on: when that is the NumPy reference because
+    no C compiler was found, say so once per process (a RuntimeWarning and the log), with the fix."""
+    global _warned_slow
+    if name != "numpy" or _warned_slow:
+        return
+    reason = unavailable_reason("c")
+    if reason is None:
+        return
+    _warned_slow = True
+    msg = (f"asp_gmm: backend='auto' is running the NumPy reference backend, which is slow (no compiled code), "
+           f"because {reason}. Pass backend='numpy' to choose it deliberately.")
+    log.warning(msg)
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)

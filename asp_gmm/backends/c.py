@@ -95,9 +95,12 @@ class CBackend(Backend):
 
     @classmethod
     def unavailable_reason(cls):
-        if shutil.which(_compiler()[0]) is None:
-            return (f"the C compiler {_compiler()[0]!r} was not found; install gcc (apt-get install gcc) "
-                    "or set ASP_GMM_CC")
+        cc = _compiler()
+        if not cc or shutil.which(cc[0]) is None:
+            where = ("from ASP_GMM_CC" if os.environ.get("ASP_GMM_CC") else "from CC" if os.environ.get("CC")
+                     else "the default; ASP_GMM_CC and CC are not set")
+            return (f"the C compiler {(cc or [''])[0]!r} ({where}) was not found; install gcc (apt-get install gcc) "
+                    "or set ASP_GMM_CC to a C compiler")
         return None
 
     # ------------------------------------------------------------------ device

@@ -75,10 +75,11 @@ application that trains many small models of ever-new M (the diarization example
 handful of binaries instead of compiling one per M; the padding costs at most a quarter more work
 where that work is small.
 
-Data: a read-only array (``X.flags.writeable == False``, base read-only too) stays on the GPU after
-its first session (LRU, :data:`RESIDENT_BYTES` at most) and is shared by every later session on it,
-whatever the model's M: score a data set under many models without uploading it again. Writeable
-arrays are uploaded on every session (their contents may change between calls). Session buffers are
+Data: an immutable array (:func:`asp_gmm.freeze`; :func:`asp_gmm.frozen.identity` says which arrays
+are) stays on the GPU after its first session (LRU, :data:`RESIDENT_BYTES` at most) and is shared by
+every later session on it, whatever the model's M: score a data set under many models without
+uploading it again. Every other array is uploaded on every session: its contents may change between
+calls, a merely read-only one too (its owner can make it writeable again). Session buffers are
 pooled by (D, M, cvtype, dtype) and a capacity in events, so calls on data of varying N reuse them.
 
 pycuda is imported lazily and CUDA initialised on first use (never at ``import asp_gmm``). Errors
@@ -590,8 +591,9 @@ class CudaBackend(Backend):
                 self._pool.pop(0).free()
 
     def _resident_xt(self, X: np.ndarray, problem: Problem, core_fn):
-        """Device pointer and leading dimension of the read-only X's resident copy (uploaded and
-        transposed now if it is not resident), or None when X may change (writeable)."""
+        """Device pointer and leading dimension of the immutable X's resident copy (uploaded and
+        transposed now if it is not resident), or None when X may change (anything but an immutable
+        array, see :mod:`asp_gmm.frozen`: the copy is keyed by X's identity, never re-read)."""
         ident = frozen.identity(X)
         if ident is None:
             return None

@@ -1,0 +1,92 @@
+"""The package as users get it: a wheel built from the sources, installed outside the repository,
+carries every variant file and trains with every backend present (the editable install the other
+tests use reads the repository and would hide a file missing from the package data)."""
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+#: what building the wheel reads (setup.cfg's package_dir and long_description)
+SOURCES = ["asp_gmm", "variants", "tuning_db", "setup.cfg", "pyproject.toml", "README.md"]
+
+CHILD = r"""
+import json, sys, warnings
+import numpy as np
+import asp_gmm
+from asp_gmm import GMM
+from asp_gmm.backends import available
+X = np.random.default_rng(0).standard_normal((400, 3)).astype(np.float32)
+out = {"file": asp_gmm.__file__, "backends": {}}
+for name in available():
+    g = GMM(2, 3, backend=name)
+    out["backends"][name] = float(g.train(X, max_em_iters=2))
+try:
+    from asp_gmm import GaussianMixture
+except ImportError:
+    out["sklearn"] = None
+else:
+    out["sklearn"] = float(GaussianMixture(2, backend="numpy", random_state=0).fit(X).score(X))
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        p = ROOT / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(p, src / name)
+    out = tmp_path_factory.mktemp("wheel")
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                        "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (whl,) = out.glob("asp_gmm-*.whl")
+    return whl
+
+
+def test_wheel_carries_every_variant_file(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    want = {"asp_gmm/variants/" + p.relative_to(ROOT / "variants").as_posix()
+            for p in (ROOT / "variants").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert want and not want - names, f"missing from the wheel: {sorted(want - names)}"
+
+
+def test_installed_wheel_trains_with_every_backend(wheel, tmp_path):
+    target = tmp_path / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
+                        str(target), str(wheel)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_in = tmp_path / "elsewhere"
+    run_in.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(target), ASP_GMM_AUTOTUNE="0")
+    r = subprocess.run([sys.executable, "-c", CHILD], cwd=run_in, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    import json
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert Path(got["file"]).resolve().is_relative_to(target.resolve()), got["file"]
+    assert not Path(got["file"]).resolve().is_relative_to(ROOT)
+    assert set(_available_here()) <= set(got["backends"]) and "numpy" in got["backends"]
+    if _sklearn_installed():
+        assert got["sklearn"] is not None
+
+
+def _available_here():
+    from asp_gmm.backends import available
+    return available()
+
+
+def _sklearn_installed():
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        return False
+    return True
