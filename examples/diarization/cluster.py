@@ -101,24 +101,32 @@ class Backend:
             import sklearn_gmm as api
             self._GMM, self._bic = api.GMM, api.compute_distance_BIC
             self._prepare = None
+            self._freeze = None
             self._kw = {}
         else:
             try:
                 try:
-                    from asp_gmm import GMM, compute_distance_BIC, prepare
+                    from asp_gmm import GMM, compute_distance_BIC, freeze, prepare
                 except ImportError:
                     # Run from a source checkout without installing: the package is two levels up.
                     import sys
                     from pathlib import Path
                     sys.path.append(str(Path(__file__).resolve().parents[2]))
-                    from asp_gmm import GMM, compute_distance_BIC, prepare
+                    from asp_gmm import GMM, compute_distance_BIC, freeze, prepare
             except ImportError as e:
                 raise DiarizationError(f"backend {name!r} needs the asp_gmm package ({e}); "
                                        "install it (pip install -e .) or use --backend sklearn") from None
-            self._GMM, self._bic, self._prepare = GMM, compute_distance_BIC, prepare
+            self._GMM, self._bic, self._prepare, self._freeze = GMM, compute_distance_BIC, prepare, freeze
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
                 self.name = f"auto:{GMM(1, 1, backend='auto').backend}"
+
+    def freeze(self, X):
+        """X made immutable (asp_gmm.freeze: checked once, kept on the GPU), or read-only for scikit-learn."""
+        if self._freeze is not None:
+            return self._freeze(X)
+        X.flags.writeable = False
+        return X
 
     def GMM(self, *a, **kw):
         return self._GMM(*a, **kw, **self._kw)
@@ -219,10 +227,9 @@ class Clusterer:
     outcome does not depend on n_jobs."""
 
     def __init__(self, X: np.ndarray, backend: Backend, params: ClusterParams, log=None, seed=0):
-        self.X = np.array(X, dtype=params.dtype, order="C")
-        # Read-only data may stay on the GPU between calls (asp_gmm's CUDA backend keeps it
-        # resident): every cluster model scores the same frames in each resegmentation.
-        self.X.flags.writeable = False
+        # Immutable data is checked once and may stay on the GPU between calls (asp_gmm's CUDA
+        # backend keeps it resident): every cluster model scores the same frames in each resegmentation.
+        self.X = backend.freeze(np.array(X, dtype=params.dtype, order="C"))
         self.be = backend
         self.p = params
         self.log = log or (lambda *a: None)
