@@ -1,5 +1,11 @@
 """Which variant runs a problem: pure policy, no compiling and no running.
 
+:class:`Policy` is the one home of it, passed to the specializer (and held by a backend that
+chooses among E-step variants): it asks a :class:`Selector` for the plan (rules 1-4 below), applies
+the compile-cost gate on exploration (:data:`EXPLORE_COMPILE_WORK`) and chooses the E-step
+(:meth:`Policy.choose_estep`: the fastest measured in the problem's class, else
+:data:`ESTEP_PREFERENCE`).
+
 The specializer hands a :class:`Selector` the problem, the device and the candidate configurations
 (variant + tunables) whose declared limits allow the problem; the selector answers with a
 :class:`Plan`: the configuration for the bulk of the iterations and, optionally, configurations to
@@ -65,6 +71,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import KernelError
 from .problem import Problem
 from .registry import Variant
 
@@ -97,9 +104,16 @@ class Config:
 
 @dataclass
 class Plan:
+    """What runs a problem: ``primary`` for the bulk of the iterations, ``explore`` one iteration
+    each first, and why (``reason``)."""
+
     primary: Config
     explore: list = field(default_factory=list)
     reason: str = ""
+
+
+#: The answer of :meth:`Policy.choose` (a plan).
+Choice = Plan
 
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
@@ -109,8 +123,19 @@ class Plan:
 #: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
     "c": ["VF", "VD", "V4", "V3", "BLAS", "V2", "V1"],
+    # CUDA: V4 fills the GPU for any M; V3 only for M >= SMs
+    "cuda": ["V5", "V4", "V3", "V2", "V1"],
     "numpy": ["reference"],
 }
+#: E-step variants in order of preference, per backend, used when the history has no E-step timings
+#: for the problem's class (the first one whose limits allow the problem).
+ESTEP_PREFERENCE = {
+    "cuda": ["estep_fast", "estep_tc", "estep"],
+}
+#: Problems with fewer multiply-adds per EM iteration (about N * M * D^2) than this never trigger a
+#: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
+#: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
+EXPLORE_COMPILE_WORK = 1e9
 
 
 def autotune_enabled() -> bool:
@@ -458,3 +483,125 @@ def default_selector() -> Selector:
 def set_default_selector(selector: Selector | None) -> None:
     global _default
     _default = selector
+
+
+# ---------------------------------------------------------------------------------- the policy
+class Policy:
+    """The one home of selection policy: which configuration runs a problem (exploit, explore,
+    predict: the :class:`Selector`), the compile-cost gate on exploration, and the E-step choice.
+
+    The specializer is given one (or makes one); a backend that chooses among E-step variants asks
+    its policy (:meth:`choose_estep`). Swap it to change the policy; nothing here is global.
+
+    Parameters
+    ----------
+    selector : Selector, optional
+        Plans and records the covariance choice; by default the process's default selector
+        (a :class:`HistorySelector` on the shared history), looked up on each use.
+    explore_compile_work : float, optional
+        Problems of less work than this per iteration (:attr:`Problem.work`) never compile just to
+        explore on backends whose binaries are shape-specific (:data:`EXPLORE_COMPILE_WORK`).
+    estep_preference : dict, optional
+        Backend name -> E-step variant names in order of preference (:data:`ESTEP_PREFERENCE`).
+    """
+
+    def __init__(self, selector: Selector | None = None, explore_compile_work: float | None = None,
+                 estep_preference: dict | None = None):
+        self._selector = selector
+        self._explore_compile_work = explore_compile_work
+        self.estep_preference = dict(ESTEP_PREFERENCE if estep_preference is None else estep_preference)
+
+    @property
+    def explore_compile_work(self) -> float:
+        """The work under which exploring never compiles (:data:`EXPLORE_COMPILE_WORK` unless set)."""
+        w = self._explore_compile_work
+        return EXPLORE_COMPILE_WORK if w is None else w
+
+    @property
+    def selector(self) -> Selector:
+        if self._selector is not None:
+            return self._selector
+        return default_selector()
+
+    # ------------------------------------------------------------------ covariance
+    def choose(self, backend, problem: Problem, candidates: list, pinned: bool = False,
+               tuning: bool = True) -> Plan:
+        """The plan for ``problem`` among ``candidates`` (configurations whose limits allow it).
+
+        With ``tuning`` off nothing is explored. On a backend with shape-specific binaries, a
+        problem smaller than :attr:`explore_compile_work` explores only what is already compiled
+        and runs a compiled candidate rather than compile the planned one (a compile costs more
+        than a small problem can win back; larger problems and ``asp-gmm tune`` fill in).
+        """
+        plan = self.selector.plan(backend, problem, candidates, pinned=pinned)
+        explore = list(plan.explore) if tuning else []
+        if backend.shape_specific_binaries and problem.work < self.explore_compile_work:
+            ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+            explore = [c for c in explore if ready(c)]
+            if not pinned and not ready(plan.primary):
+                alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
+                if alt is not None:
+                    plan = Plan(alt, [], plan.reason + ", compiled")
+        return Plan(plan.primary, explore, plan.reason)
+
+    def record(self, backend, problem: Problem, config: Config, status: str,
+               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1) -> None:
+        """Report a measurement or a failure to the selector (see :meth:`Selector.record`)."""
+        self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats)
+
+    # ------------------------------------------------------------------ E-step
+    def choose_estep(self, backend, problem: Problem, candidates: list, pinned: str | None = None):
+        """``(variant, tunables)`` of the E-step for ``problem``.
+
+        Parameters
+        ----------
+        backend : Backend
+        problem : Problem
+            As the binaries run it (padded, for CUDA).
+        candidates : list of (Variant, dict)
+            Every E-step variant of the backend, with the tunables combinations its limits allow
+            (``[(variant, [tunables, ...])]``, first combination first).
+        pinned : str, optional
+            A variant name that must be used (``ASP_GMM_CUDA_ESTEP``).
+
+        The fastest E-step measured on this device for the problem's class when the history has
+        such timings, else the first candidate in :attr:`estep_preference` order.
+        """
+        usable = [(v, tuns) for v, tuns in candidates if tuns]
+        if pinned:
+            usable = [(v, tuns) for v, tuns in usable if v.name == pinned]
+        if not usable:
+            raise KernelError(f"no {backend.name} E-step variant can run {problem}"
+                                            + (f" (pinned: {pinned})" if pinned else ""))
+        if pinned:
+            return usable[0][0], usable[0][1][0]
+        measured = self._estep_measured(backend, problem, usable)
+        if measured is not None:
+            return measured
+        rank = {n: i for i, n in enumerate(self.estep_preference.get(backend.name, []))}
+        v, tuns = min(usable, key=lambda vt: rank.get(vt[0].name, len(rank)))
+        return v, tuns[0]
+
+    def _estep_measured(self, backend, problem, usable):
+        """The fastest measured E-step configuration among ``usable`` in the problem's class, or
+        None (no history, no timings, or a history that cannot be read)."""
+        sel = self.selector
+        if not isinstance(sel, HistorySelector):
+            return None
+        try:
+            history = sel.history()
+            if history is None:
+                return None
+            idx = sel.index(backend, history)
+        except Exception:  # noqa: BLE001 - a broken history must not break the E-step choice
+            return None
+        measured = idx.classes.get(problem_class(problem), {})
+        if not measured:
+            return None
+        best = None
+        for v, tuns in usable:
+            for tun in tuns:
+                agg = measured.get(sel.vkey(Config.of(v, tun)))
+                if agg is not None and (best is None or agg.median < best[0]):
+                    best = (agg.median, v, tun)
+        return None if best is None else (best[1], best[2])

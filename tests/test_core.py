@@ -358,7 +358,7 @@ def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
 def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     """On a backend whose binaries are specific to (D, M), a small problem explores only variants that
     are already compiled for its shape; a large one explores them all."""
-    from asp_gmm import selection, specializer
+    from asp_gmm import selection
     from asp_gmm.selection import Config, Plan
 
     backend = get_backend("c")
@@ -375,7 +375,7 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     g = GMM(2, 3, backend="c", dtype=np.float64, seed=0)
     g.train(X, max_em_iters=4, tol=0)
     assert g.last_train.explored == ["V2"]
-    monkeypatch.setattr(specializer, "EXPLORE_COMPILE_WORK", 0)
+    monkeypatch.setattr(selection, "EXPLORE_COMPILE_WORK", 0)
     g.train(X, max_em_iters=4, tol=0)
     assert [e.split("(")[0] for e in g.last_train.explored] == ["V1", "V2"]
 

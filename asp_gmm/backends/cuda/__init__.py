@@ -16,7 +16,8 @@ pycuda is imported lazily and CUDA initialised on first use (never at ``import a
 """
 from __future__ import annotations
 
-from .backend import PAD_BELOW_WORK, CudaBackend, binary_problem, component_class, estep_variants, pick_estep
+from .backend import (PAD_BELOW_WORK, CudaBackend, binary_problem, component_class, estep_candidates,
+                      estep_variants)
 from .compile import (COND_LIMIT, NVCC_FLAGS, _class_problem, binary_name, compile_cubin, compile_variant,
                       cubin_path, nvcc_command, render_source)  # noqa: F401
 from .device import _DEFAULT_LIMITS, _Device, _driver, _probe  # noqa: F401  (tests, scripts)
@@ -27,5 +28,5 @@ from .session import CudaSession
 __all__ = ["ARG_TYPES", "COND_LIMIT", "CORE_SIGNATURES", "COV_ARGS", "ESTEP_ARGS", "LDN_ALIGN", "NVCC_FLAGS",
            "PAD_BELOW_WORK", "POOL_IDLE", "POOL_IDLE_BYTES", "RESIDENT_BYTES", "CudaBackend", "CudaSession",
            "DeviceMemory", "Launch", "binary_name", "binary_problem", "component_class", "compile_cubin",
-           "compile_variant", "cubin_path", "estep_variants", "launches", "nvcc_command", "pick_estep",
+           "compile_variant", "cubin_path", "estep_candidates", "estep_variants", "launches", "nvcc_command",
            "pluggable", "render_source"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import threading
 
@@ -89,25 +90,12 @@ def estep_variants(problem: Problem, ctx: dict | None = None) -> list:
     return out
 
 
-def pick_estep(problem: Problem, ctx: dict | None = None, preference=None):
-    """(variant, tunables) of the E-step for ``problem``: ``$ASP_GMM_CUDA_ESTEP`` if set, else the first
-    pluggable E-step variant in ``preference`` order whose limits allow the problem, with the first
-    combination of its tunables they allow. Needs no GPU."""
+def estep_candidates(problem: Problem, ctx: dict | None = None) -> list:
+    """Every pluggable E-step variant with the combinations of its tunables whose limits allow
+    ``problem`` (first: the manifest's defaults): ``[(variant, [tunables, ...])]``. Needs no GPU."""
     ctx = dict(_DEFAULT_LIMITS) if ctx is None else ctx
-    preference = CudaBackend.estep_preference if preference is None else preference
-    pinned = os.environ.get("ASP_GMM_CUDA_ESTEP")
-    vs = [v for v in registry.variants("cuda", "estep") if pluggable(v)]
-    if pinned:
-        vs = [registry.get("cuda", pinned, "estep")]
-    else:
-        rank = {n: i for i, n in enumerate(preference)}
-        vs = sorted(vs, key=lambda v: rank.get(v.name, len(rank)))
-    for v in vs:
-        for tun in v.tunable_space():
-            if v.allows(problem, tun, extra=ctx):
-                return v, tun
-    raise KernelError(f"no CUDA E-step variant can run {problem}")
-
+    return [(v, [t for t in v.tunable_space() if v.allows(problem, t, extra=ctx)])
+            for v in registry.variants("cuda", "estep") if pluggable(v)]
 
 
 class CudaBackend(Backend):
@@ -115,13 +103,8 @@ class CudaBackend(Backend):
 
     name = "cuda"
     shape_specific_binaries = True
-    #: rule order when nothing has been measured (V4 fills the GPU for any M; V3 only for M >= SMs)
-    preference = ["V5", "V4", "V3", "V2", "V1"]
-    #: E-step variants in order of preference (the first one whose limits allow the problem)
-    estep_preference = ["estep_fast", "estep_tc", "estep"]
 
-
-    def __init__(self, ordinal: int | None = None):
+    def __init__(self, ordinal: int | None = None, policy=None):
         reason = self.unavailable_reason()
         if reason:
             raise BackendUnavailableError(reason)
@@ -129,9 +112,19 @@ class CudaBackend(Backend):
         self._device = None
         self._lock = threading.RLock()
         self._modules: dict = {}
-        self._estep_pick: dict = {}     # E-step (variant, tunables) by problem shape
+        self._estep_pick: dict = {}     # (policy, E-step choice) by policy, shape and N class
+        self._estep_cands: dict = {}    # E-step candidates by shape
         self._ready: set = set()        # is_ready keys found in the compile cache
         self.memory = DeviceMemory(lambda: self.device)
+        #: chooses the E-step (:meth:`asp_gmm.selection.Policy.choose_estep`); None: the default
+        self.policy = policy
+
+    def _policy(self):
+        if self.policy is not None:
+            return self.policy
+        from ...selection import Policy      # the policy, not the Face: selection imports no backend
+        self.policy = Policy()
+        return self.policy
 
     @classmethod
     def unavailable_reason(cls):
@@ -225,16 +218,30 @@ class CudaBackend(Backend):
 
     @_on_binary_problem
     def estep_variant(self, problem: Problem):
-        """(variant, tunables) of the E-step for ``problem`` (memoised by shape when no E-step
-        limit names N)."""
-        key = problem
-        if not registry.limits_name_n("cuda", "estep"):
-            key = dataclasses.replace(problem, N=0)
+        """(variant, tunables) of the E-step for ``problem``, as the backend's policy chooses
+        (:meth:`asp_gmm.selection.Policy.choose_estep`; ``$ASP_GMM_CUDA_ESTEP`` pins one). Memoised
+        per policy by shape and N class (half-octaves, as the history groups timings)."""
+        pinned = os.environ.get("ASP_GMM_CUDA_ESTEP") or None
+        policy = self._policy()
+        key = (id(policy), pinned, problem.D, problem.M, problem.cvtype, problem.dtype,
+               round(2 * math.log2(max(problem.N, 1))) if problem.N else 0)
         hit = self._estep_pick.get(key)
-        if hit is None:
+        if hit is None or hit[0] is not policy:
             if len(self._estep_pick) > 4096:
                 self._estep_pick.clear()
-            hit = self._estep_pick[key] = pick_estep(problem, self.limit_context(), self.estep_preference)
+            cands = self._estep_candidates(problem)
+            if pinned:
+                registry.get("cuda", pinned, "estep")     # an unknown name says which exist
+            hit = self._estep_pick[key] = (policy, policy.choose_estep(self, problem, cands, pinned))
+        return hit[1]
+
+    def _estep_candidates(self, problem: Problem) -> list:
+        key = problem if registry.limits_name_n("cuda", "estep") else dataclasses.replace(problem, N=0)
+        hit = self._estep_cands.get(key)
+        if hit is None:
+            if len(self._estep_cands) > 4096:
+                self._estep_cands.clear()
+            hit = self._estep_cands[key] = estep_candidates(problem, self.limit_context())
         return hit
 
     @_on_binary_problem

@@ -31,8 +31,9 @@ dtype, ldn, the tunables and the device quantities of :meth:`CudaBackend.limit_c
 sums (components with ``nk[c] == 0`` may hold anything finite). Limits (``[[limits]]``) exclude
 problems the mapping cannot run. The E-step is selected the same way from ``phase = "estep"``
 variants (signature ``(xt, means, prec, logc, resp, logp, stat, n, ldn)``; it writes ``resp``,
-``logp`` and adds the log-likelihood to ``stat[0]``); :attr:`CudaBackend.estep_preference` orders them
-and ``ASP_GMM_CUDA_ESTEP`` pins one.
+``logp`` and adds the log-likelihood to ``stat[0]``); :meth:`asp_gmm.selection.Policy.choose_estep` chooses
+one (measured timings, else :data:`asp_gmm.selection.ESTEP_PREFERENCE`) and ``ASP_GMM_CUDA_ESTEP``
+pins one.
 
 A ``[derived]`` table names quantities computed from the others, in order (see
 :meth:`asp_gmm.registry.Variant.derive`); the limits, the launch expressions and the template all see
