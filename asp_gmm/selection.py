@@ -66,7 +66,6 @@ import logging
 import math
 import os
 import threading
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -272,10 +271,13 @@ class HistorySelector(Selector):
         The store to read and record into; by default the one at ``$ASP_GMM_DB`` (or the user data
         folder), opened on first use and re-opened when ``ASP_GMM_DB`` changes. When it cannot be
         opened, one warning says why and the fixed rule (:class:`RuleSelector`) decides instead.
+    runtime : asp_gmm.runtime.Runtime, optional
+        Whose shared histories to use without ``history`` (default: the default runtime).
     """
 
-    def __init__(self, history=None):
+    def __init__(self, history=None, runtime=None):
         self._fixed = history
+        self._runtime = runtime     # whose shared history to use (default: the default runtime)
         self._rule = RuleSelector()
         self._lock = threading.RLock()
         self._indexes: dict = {}    # (id(history), device_id) -> _Index
@@ -287,7 +289,15 @@ class HistorySelector(Selector):
         """The :class:`~asp_gmm.tuning_db.History` in use, or ``None`` when it cannot be opened."""
         if self._fixed is not None:
             return self._fixed
-        return _shared_history()
+        return self.runtime.shared_history()
+
+    @property
+    def runtime(self):
+        """The :class:`asp_gmm.runtime.Runtime` whose shared history this selector uses."""
+        if self._runtime is not None:
+            return self._runtime
+        from .runtime import default_runtime
+        return default_runtime()
 
     def _device(self, backend):
         d = self._devices.get(id(backend))
@@ -330,7 +340,7 @@ class HistorySelector(Selector):
             history.maybe_flush()
             idx = self.index(backend, history)
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
-            _disable(history, exc)
+            self.runtime.disable(history, exc)
             return self._rule.plan(backend, problem, candidates, pinned)
         with self._lock:  # another thread's record() may be folding rows into the index
             return self._decide(backend, problem, candidates, idx)
@@ -412,7 +422,7 @@ class HistorySelector(Selector):
             history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
                            problem.dtype, status, seconds, cov_seconds, repeats)
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
-            _disable(history, exc)
+            self.runtime.disable(history, exc)
 
     def flush(self) -> None:
         h = self.history()
@@ -420,69 +430,17 @@ class HistorySelector(Selector):
             h.flush()
 
 
-# one History per URL per process, shared by every HistorySelector without an explicit one
-_histories: dict = {}
-_broken: dict = {}
-_urls: dict = {}        # $ASP_GMM_DB -> URL (default_url() touches the file system)
-_hist_lock = threading.Lock()
-
-
-def _shared_history():
-    env = os.environ.get("ASP_GMM_DB", "")
-    url = _urls.get(env)
-    if url is None:
-        from .tuning_db import default_url
-        url = _urls[env] = default_url()
-    h = _histories.get(url)
-    if h is not None or url in _broken:
-        return h
-    with _hist_lock:
-        h = _histories.get(url)
-        if h is None and url not in _broken:
-            from . import __version__
-            from .tuning_db import History, HistoryError
-            try:
-                h = _histories[url] = History(url, package_version=__version__)
-            except HistoryError as exc:
-                _warn_broken(url, exc)
-    return h
-
-
-def _warn_broken(url, exc):
-    _broken[url] = str(exc)
-    msg = (f"asp_gmm: the tuning history cannot be used, so variants are chosen by the fixed rule and "
-           f"nothing is measured in this process: {exc}")
-    log.warning(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
-
-
-def _disable(history, exc):
-    """A history that failed mid-run: stop using it for the rest of the process (warn once)."""
-    with _hist_lock:
-        for url, h in list(_histories.items()):
-            if h is history:
-                del _histories[url]
-                _warn_broken(url, exc)
-                return
-    if getattr(history, "_asp_gmm_warned", False) is False:
-        history._asp_gmm_warned = True
-        log.warning("asp_gmm: the tuning history failed (%s); continuing without it", exc)
-
-
-_default: Selector | None = None
-
-
 def default_selector() -> Selector:
-    """The selector the specializer uses unless given one: :class:`HistorySelector`."""
-    global _default
-    if _default is None:
-        _default = HistorySelector()
-    return _default
+    """The selector the specializer uses unless given one: the default runtime's
+    (:class:`HistorySelector`, see :mod:`asp_gmm.runtime`)."""
+    from .runtime import default_runtime
+    return default_runtime().selector
 
 
 def set_default_selector(selector: Selector | None) -> None:
-    global _default
-    _default = selector
+    """Install ``selector`` in the default runtime (``None``: a new HistorySelector on next use)."""
+    from .runtime import default_runtime
+    default_runtime().selector = selector
 
 
 # ---------------------------------------------------------------------------------- the policy
