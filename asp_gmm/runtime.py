@@ -33,6 +33,8 @@ class Runtime:
         Database URL -> why it cannot be used (not retried in this runtime).
     warned_slow : bool
         Whether the "backend='auto' fell back to NumPy" warning was given.
+    warned : set
+        Other things warned about once (e.g. ``("cache-fallback", folder)``: a read-only cache).
     """
 
     def __init__(self):
@@ -43,6 +45,7 @@ class Runtime:
         self._urls: dict = {}      # $ASP_GMM_DB -> URL (default_url() touches the file system)
         self._selector = None
         self.warned_slow = False
+        self.warned: set = set()
 
     # ------------------------------------------------------------------ selection
     @property
