@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 
 import importlib.util as _importlib_util  # noqa: E402
 
-from .errors import CompileError, NotPositiveDefiniteError  # noqa: E402,F401
+from .errors import ASPGMMError, CompileError, NonFiniteError, NotPositiveDefiniteError  # noqa: E402,F401
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
 
 
@@ -23,8 +23,8 @@ def _sklearn_installed() -> bool:
 
 #: ``GaussianMixture`` (the scikit-learn drop-in) is listed only where scikit-learn is installed, so
 #: that ``from asp_gmm import *`` works without it; ``asp_gmm.GaussianMixture`` then says what to install.
-__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze", "CompileError", "NotPositiveDefiniteError",
-           "__version__"] + (["GaussianMixture"] if _sklearn_installed() else [])
+__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze", "ASPGMMError", "CompileError",
+           "NonFiniteError", "NotPositiveDefiniteError", "__version__"] + (["GaussianMixture"] if _sklearn_installed() else [])
 
 
 def __getattr__(name):

@@ -328,7 +328,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .errors import ASPGMMError
-    from .tuning_db import HistoryError
+    from .tuning_db import HistoryError   # the history's own base class (asp_gmm.errors derives from it)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning      # one line each, not the source line that warned
         try:

@@ -36,15 +36,27 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError, ValueError):
     ----------
     component : int
         Index of the offending component.
+    reg_covar, detail
+        What the message was built from.
+
+    The package raises :class:`asp_gmm.errors.NotPositiveDefiniteError`, a subclass of this one that
+    also derives from :class:`asp_gmm.errors.ASPGMMError` (this module imports nothing of the project).
     """
 
     def __init__(self, component: int, reg_covar: float | None = None, detail: str = ""):
-        self.component = component
+        self.component, self.reg_covar, self.detail = component, reg_covar, detail
         reg = f" (now {reg_covar:g})" if reg_covar is not None else ""
         super().__init__(
             f"covariance of component {component} is not positive definite or is numerically "
             f"singular{(': ' + detail) if detail else ''}. Increase reg_covar{reg}, use fewer "
             "components, or scale/standardise the data.")
+
+
+class NonFiniteError(FloatingPointError, ValueError):
+    """The log-likelihood or a parameter became NaN or infinite.
+
+    The package raises :class:`asp_gmm.errors.NonFiniteError`, a subclass of this one.
+    """
 
 
 def precision_cholesky(covars, cvtype: str, reg_covar: float | None = None, cond_limit: float = 1e15):

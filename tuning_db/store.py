@@ -46,20 +46,13 @@ from sqlalchemy import String, create_engine, delete, event, func, inspect, sele
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 
+from .errors import HistoryError, SchemaMismatchError
 from .models import (CVTYPES, DTYPES, INT_MAX, SCHEMA_VERSION, STATUSES, Base, Device, SchemaInfo, Timing,
                      Variant)
 
 log = logging.getLogger("asp_gmm.tuning_db")
 
 EXPORT_FORMAT = "asp_gmm-history"
-
-
-class HistoryError(Exception):
-    """The history cannot be used; the message names the database and what to do."""
-
-
-class SchemaMismatchError(HistoryError):
-    """A database or export file of another schema version."""
 
 
 def canonical_json(obj) -> str:

@@ -24,7 +24,7 @@ import cffi
 import numpy as np
 
 from .. import cache, registry
-from ..errors import KernelError, NotPositiveDefiniteError
+from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, EMRun, Kernel, Session
 
@@ -273,7 +273,7 @@ class CSession(Session):
         if rc == _ERR_NOT_PD:
             raise NotPositiveDefiniteError(int(self._lib.asp_bad_component(self._state)), reg_covar)
         if rc == _ERR_NONFINITE:
-            raise FloatingPointError(msg)
+            raise NonFiniteError(msg)
         if rc == _ERR_ALLOC:
             raise MemoryError(msg)
         raise KernelError(msg or f"C kernel failed with code {rc}")
