@@ -60,10 +60,14 @@ def canonical_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def default_url() -> str:
-    """``$ASP_GMM_DB`` (any SQLAlchemy URL, or a plain file path), else an SQLite file in the user
-    data folder (``platformdirs.user_data_dir("asp_gmm")/history.sqlite``)."""
-    env = os.environ.get("ASP_GMM_DB", "").strip()
+def default_url(db: str | None = None) -> str:
+    """The history's URL: ``db`` (any SQLAlchemy URL, or a plain file path), else an SQLite file in
+    the user data folder (``platformdirs.user_data_dir("asp_gmm")/history.sqlite``).
+
+    ``asp_gmm`` passes ``asp_gmm.config.settings().db`` (``$ASP_GMM_DB``). This package imports nothing
+    of ``asp_gmm``, so with ``db=None`` (a caller outside the package) it reads ``$ASP_GMM_DB`` itself.
+    """
+    env = (os.environ.get("ASP_GMM_DB", "") if db is None else db).strip()
     if env:
         return env if "://" in env else "sqlite:///" + str(Path(env).expanduser().absolute())
     return "sqlite:///" + str(Path(platformdirs.user_data_dir("asp_gmm")) / "history.sqlite")

@@ -24,6 +24,7 @@ import cffi
 import numpy as np
 
 from .. import cache, registry
+from ..config import settings
 from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, EMRun, Kernel, Session
@@ -55,7 +56,7 @@ COND_LIMIT = {"float32": 1e10, "float64": 1e15}
 
 
 def _compiler() -> list:
-    return (os.environ.get("ASP_GMM_CC") or os.environ.get("CC") or "gcc").split()
+    return settings().c_compiler()
 
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
@@ -97,8 +98,7 @@ class CBackend(Backend):
     def unavailable_reason(cls):
         cc = _compiler()
         if not cc or shutil.which(cc[0]) is None:
-            where = ("from ASP_GMM_CC" if os.environ.get("ASP_GMM_CC") else "from CC" if os.environ.get("CC")
-                     else "the default; ASP_GMM_CC and CC are not set")
+            where = settings().c_compiler_origin()
             return (f"the C compiler {(cc or [''])[0]!r} ({where}) was not found; install gcc (apt-get install gcc) "
                     "or set ASP_GMM_CC to a C compiler")
         return None
@@ -209,11 +209,10 @@ def threads_for(problem: Problem) -> int:
 
 @lru_cache(maxsize=1)
 def _omp_threads() -> int:
-    env = os.environ.get("ASP_GMM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS", "")
-    try:
-        return int(env.split(",")[0])
-    except ValueError:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    asked = settings().threads()
+    if asked is not None:
+        return asked
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class CSession(Session):
