@@ -57,10 +57,13 @@ class Kernel:
     binary: str = ""             # path of the cached binary, if any
 
     @property
+    def config(self) -> registry.Config:
+        """The variant with its tunables (:class:`asp_gmm.registry.Config`) this kernel was compiled from."""
+        return registry.Config(self.variant, tuple(sorted(self.tunables.items())))
+
+    @property
     def label(self) -> str:
-        if not self.tunables:
-            return self.variant.name
-        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in sorted(self.tunables.items())) + ")"
+        return self.config.label
 
 
 class Session(abc.ABC):
