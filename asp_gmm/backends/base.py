@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -125,8 +123,8 @@ class Backend(abc.ABC):
     @property
     def device_id(self) -> str:
         """sha256 (first 16 hex digits) of the fingerprint: the device part of every stored key."""
-        fp = json.dumps(self.fingerprint(), sort_keys=True)
-        return hashlib.sha256(fp.encode()).hexdigest()[:16]
+        from ..tuning_db.devices import device_id    # no database import: the history's one formula
+        return device_id(self.fingerprint())
 
     def covariance_variants(self, problem: Problem | None = None) -> list:
         """This backend's covariance variants (those whose declared limits allow ``problem`` with some

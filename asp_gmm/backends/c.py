@@ -105,9 +105,11 @@ class CBackend(Backend):
 
     # ------------------------------------------------------------------ device
     def fingerprint(self) -> dict:
+        """The CPU (:class:`asp_gmm.tuning_db.devices.CpuFingerprint`): ``threads`` are its hardware
+        threads; the threads a call uses (``ASP_GMM_NUM_THREADS``) belong to the run, not the device."""
         cpu = _cpu()
         return {"backend": "c", "model": cpu["model"], "isa": cpu["isa"], "arch": cpu["arch"],
-                "threads": _omp_threads(), "compiler": cache.tool_version(_compiler())}
+                "threads": os.cpu_count() or 1, "compiler": cache.tool_version(_compiler())}
 
     # ------------------------------------------------------------------ compiling
     def _context(self, problem: Problem) -> dict:
