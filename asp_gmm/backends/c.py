@@ -42,7 +42,7 @@ int asp_estep(asp_state *s);
 double asp_loglik(asp_state *s);
 int asp_bad_component(asp_state *s);
 const char *asp_error(asp_state *s);
-int asp_em(asp_state *s, void *cov_fn, int moments, int max_iters, int min_iters, double tol, double reg_covar,
+int asp_em(asp_state *s, void *cov_fn, int moments, int min_iters, int max_iters, double tol, double reg_covar,
            double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds,
            double *ll_trace);
 int asp_covariance(const void *view, double *acc);
@@ -327,13 +327,13 @@ class CSession(Session):
             self._error = exc
             return 1
 
-    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
+    def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         n = max(int(max_iters), 1)
         it_s, cov_s, trace = np.zeros(n), np.zeros(n), np.zeros(n + 1)
         ll, iters, conv = ffi.new("double *"), ffi.new("int *"), ffi.new("int *")
         moments = _wants_moments(kernel.variant, self.problem)
         self._resp_written = False
-        rc = self._lib.asp_em(self._state, self._fn(kernel), int(moments), int(max_iters), int(min_iters),
+        rc = self._lib.asp_em(self._state, self._fn(kernel), int(moments), int(min_iters), int(max_iters),
                               float(tol), float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s),
                               _dptr(trace))
         self._check(rc, reg_covar)

@@ -66,7 +66,7 @@ class NumpySession(Session):
                     "or scale the data")
         return self._cache
 
-    def em(self, kernel, max_iters, min_iters, tol, reg_covar) -> EMRun:
+    def _em(self, kernel, *, min_iters, max_iters, tol, reg_covar) -> EMRun:
         cv = self.problem.cvtype
         logprob, resp = self._estep(reg_covar)
         ll = float(logprob.sum())
@@ -83,9 +83,9 @@ class NumpySession(Session):
             it_s.append(time.perf_counter() - t0)
             iters += 1
             new = float(logprob.sum())
-            change, ll = (new - ll) / N, new
+            change, ll = ref.change_per_event(new, ll, N), new
             trace.append(ll)
-            if iters >= min_iters and abs(change) < tol:
+            if ref.converged(iters, min_iters, change, tol):
                 conv = True
                 break
         return EMRun(ll, iters, conv, it_s, cov_s, trace)
