@@ -6,7 +6,13 @@
 Under ``train`` a specializer picks a code variant for the problem and device, renders its Jinja2
 template to C or CUDA, compiles it and caches it, and runs the whole EM loop in compiled code.
 """
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    #: The installed distribution's version (setup.cfg's ``version`` is the one place it is written).
+    __version__ = _metadata.version("asp_gmm")
+except _metadata.PackageNotFoundError:   # running from a checkout that was never installed
+    __version__ = "0+unknown"
 
 import importlib.util as _importlib_util  # noqa: E402
 

@@ -761,11 +761,11 @@ def _text(v, field: str, maxlen: int, empty_ok: bool = False) -> str:
 
 def _check_values(N, D, M, cvtype, dtype, status, seconds, cov_seconds, repeats) -> None:
     """Raise :class:`_Bad` for a timing's values that no asp_gmm writes."""
-    for field, v in (("N", N), ("D", D), ("M", M)):
-        _int(v, field)
-    for field, v, known in (("cvtype", cvtype, CVTYPES), ("dtype", dtype, DTYPES), ("status", status, STATUSES)):
+    for name, v in (("N", N), ("D", D), ("M", M)):
+        _int(v, name)
+    for name, v, known in (("cvtype", cvtype, CVTYPES), ("dtype", dtype, DTYPES), ("status", status, STATUSES)):
         if v not in known:
-            raise _Bad(field, f"must be one of {', '.join(known)}, got {_show(v)}")
+            raise _Bad(name, f"must be one of {', '.join(known)}, got {_show(v)}")
     if _seconds(seconds, "seconds") is None and status == "ok":
         raise _Bad("seconds", "must be a positive number of seconds for an ok timing, got null")
     _seconds(cov_seconds, "cov_seconds", ok_zero=True)
