@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 
@@ -73,6 +72,7 @@ import numpy as np
 from .errors import KernelError
 from .problem import Problem
 from .registry import Variant
+from .config import settings
 
 log = logging.getLogger("asp_gmm.selection")
 
@@ -139,7 +139,7 @@ EXPLORE_COMPILE_WORK = 1e9
 
 def autotune_enabled() -> bool:
     """``ASP_GMM_AUTOTUNE=0`` turns measuring and exploring off."""
-    return os.environ.get("ASP_GMM_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings().autotune
 
 
 class Selector:

@@ -14,7 +14,6 @@ on the launch that caused them.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
@@ -23,6 +22,7 @@ from ...problem import Problem
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
 from .memory import _upload_transposed
+from ...config import settings
 
 _INT_MAX = 2**31 - 1
 
@@ -61,7 +61,7 @@ class CudaSession(Session):
         self._launched = []
         self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
         self.phase_seconds = []
-        self._sync_each = os.environ.get("ASP_GMM_CUDA_SYNC", "0") not in ("", "0")
+        self._sync_each = settings().cuda_sync
         b = self.buf
         try:
             if b.last_n is not None and b.last_n != problem.N:
