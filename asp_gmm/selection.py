@@ -71,34 +71,10 @@ import numpy as np
 
 from .errors import KernelError
 from .problem import Problem
-from .registry import Variant
+from .registry import Config
 from .config import settings
 
 log = logging.getLogger("asp_gmm.selection")
-
-
-@dataclass(frozen=True)
-class Config:
-    """A variant with concrete tunables."""
-
-    variant: Variant
-    tunables: tuple = ()   # sorted (name, value) pairs, hashable
-
-    @classmethod
-    def of(cls, variant: Variant, tunables: dict | None = None) -> "Config":
-        t = variant.default_tunables()
-        t.update(tunables or {})
-        return cls(variant, tuple(sorted(t.items())))
-
-    @property
-    def params(self) -> dict:
-        return dict(self.tunables)
-
-    @property
-    def label(self) -> str:
-        if not self.tunables:
-            return self.variant.name
-        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in self.tunables) + ")"
 
 
 @dataclass
