@@ -436,8 +436,9 @@ class Clusterer:
             _, post = ubm.eval(self.X)
             self.prof.add("train", t0)
             sd = np.sqrt(np.maximum(np.asarray(ubm.covars, np.float64), 1e-10))
+            # a plain float64 copy of the frames: indexing the frozen array is slower
             self._bg = (np.asarray(ubm.means, np.float64), sd, np.asarray(ubm.weights, np.float64),
-                        np.asarray(post, np.float64))
+                        np.ascontiguousarray(post, np.float64), np.array(self.X, np.float64))
         return self._bg
 
     def supervectors(self, labels: np.ndarray, clusters) -> np.ndarray:
@@ -448,14 +449,16 @@ class Clusterer:
         the square roots of its weights (Campbell's KL-divergence kernel). Offsets from the
         recording's own model: what all its speakers share (room, microphones) cancels, and two
         clusters of one speaker point the same way."""
-        mu, sd, w, post = self._background()
+        mu, sd, w, post, X = self._background()
         r = self.p.relevance
         clusters = list(clusters)
         out = np.empty((len(clusters), mu.size))
         for row, c in enumerate(clusters):
             idx = np.flatnonzero(labels == c)
             P = post[idx]
-            m = (P.T @ self.X[idx].astype(np.float64) + r * mu) / (P.sum(axis=0) + r)[:, None]
+            # einsum, not P.T @ X: a threaded BLAS product of this thin shape took 30x longer
+            # on the shared 2-core machine (0.1 s instead of 3 ms for 10 000 frames)
+            m = (np.einsum("nm,nd->md", P, X[idx]) + r * mu) / (P.sum(axis=0) + r)[:, None]
             out[row] = (np.sqrt(w)[:, None] * (m - mu) / sd).ravel()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
