@@ -7,7 +7,9 @@ what a user gets from the command line).
     python benchmarks/diarization_real.py
     # add generated meetings (any AUDIO with AUDIO.rttm beside it), several --seed values
     python benchmarks/diarization_real.py --extra benchmarks/out/val/*.flac --seeds 0,1,2,3,4
-    # the old defaults, for comparison
+    # the previous defaults (relative gain alone, c1..c19), for comparison
+    python benchmarks/diarization_real.py --diarize-args "--cosine-threshold -1 --first-cep 1"
+    # the ones before
     python benchmarks/diarization_real.py --diarize-args "--sad energy --merge-rule bic \\
         --components 5 --max-model-components 32 --pre-iters 0 --bic-iters 0 --final sliding \\
         --min-segment 0"

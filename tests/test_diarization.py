@@ -148,7 +148,7 @@ def test_features_shape_rate_and_speech_detection():
     on = f.speech.astype(int)
     assert on[:60].sum() == 0 and on[-60:].sum() == 0
     assert on[80:140].all()  # inside the first burst (0.7 s to 1.5 s)
-    assert f.mfcc.shape[1] == 19
+    assert f.mfcc.shape[1] == features.N_FEATURES == 20   # c0..c19
     assert np.allclose(f.mfcc[f.speech].mean(0), 0, atol=1e-4)
     # another sample rate gives the same frame rate; stationary noise alone is no speech
     f8 = features.compute_features(x[::2].copy(), 8000)
@@ -264,6 +264,24 @@ def test_sklearn_adapter_matches_asp_gmm_numpy():
 
 
 # ---------------------------------------------------------------------------- clustering
+def test_supervector_cosine_separates_sources():
+    """Two clusters of one source point the same way from the recording's background model,
+    clusters of different sources do not; the supervectors have unit length."""
+    rng = np.random.default_rng(3)
+    D = 6
+    centres = 1.5 * rng.standard_normal((3, D))
+    X = np.concatenate([c + rng.standard_normal((600, D)) for c in centres]).astype(np.float32)
+    labels = np.repeat([0, 1, 2, 3], [300, 300, 600, 600])   # 0 and 1: halves of source 0
+    be = cluster.Backend("c" if _has_asp_gmm() else "sklearn")
+    c = cluster.Clusterer(X, be, cluster.ClusterParams(ubm_components=8, seg_len=100))
+    S = c.supervectors(labels, [0, 1, 2, 3])
+    assert S.shape == (4, 8 * D)
+    assert np.allclose(np.linalg.norm(S, axis=1), 1.0)
+    same = S[0] @ S[1]
+    others = [S[i] @ S[j] for i, j in ((0, 2), (0, 3), (1, 2), (1, 3), (2, 3))]
+    assert same > 0.5 and max(others) < 0.0, (same, others)
+
+
 @pytest.fixture(scope="module")
 def meeting():
     x, sr = features.load_audio(MEETING)
@@ -292,10 +310,15 @@ def test_clustering_finds_the_four_speakers(meeting, backend):
     assert n == 4, f"{backend}: {n} speakers, history {c.history}"
     assert d < 0.10, f"{backend}: DER {d:.3f}"
     # stopped by the merge rule, not by a lack of clusters: the last round's best pair was under
-    # the threshold on the recording's scale, every merge before it above
+    # the threshold on the recording's scale or its supervectors' cosine under the cosine
+    # threshold; every merge before it passed both
     assert c.prof.rounds >= 1 and c.prof.calls["bic"] > 0
-    assert c.history[-1][2] is None and c.history[-1][1] < c.p.relative_threshold
+    assert c.history[-1][2] is None
+    assert (c.history[-1][1] < c.p.relative_threshold
+            or c.pair_cosines[-1] < c.p.cosine_threshold)
     assert all(h[1] >= c.p.relative_threshold for h in c.history[:-1])
+    # (a cosine is NaN where a cluster was too small to be checked)
+    assert not any(x < c.p.cosine_threshold for x in c.pair_cosines[:-1])
 
 
 def test_seed_rule_is_still_reachable(meeting):

@@ -3,8 +3,9 @@ development set (../shared/diarization-real, or the folder in $ASP_GMM_REAL_SET)
 the repository. Skipped, with the reason, where the folder is absent.
 
 The bounds are those of the defaults on these clips with some margin; they fail when the speech
-detector or the speaker clustering gets worse. The AMI clip is only asked of the speech detector:
-the clustering does not separate its speakers (see the README).
+detector or the speaker clustering gets worse. On the AMI clips (headset mix, overlapped speech)
+the bounds are far from zero: overlapped speech alone is 13-20 % missed speech for a system of
+one label per frame.
 """
 from __future__ import annotations
 
@@ -67,8 +68,8 @@ def diarize_clip(path: Path, tmp: Path, *extra):
 @pytest.mark.parametrize("name,start,stop,n_spk,max_der", [
     ("libri_2spk_mf", 30, 60, 2, 3.0),      # a man and a woman, 0.3 % with the defaults
     ("libri_3spk", 40, 80, 3, 5.0),         # three speakers in 40 s, 1.2 %
-    ("libri_3spk", 100, 140, 3, 7.0),       # 3.1 %
-    ("libri_4spk", 100, 140, 3, 4.0),       # three of the four speak here, 0.0 %
+    ("libri_3spk", 100, 140, 3, 7.0),       # 3.7 %
+    ("libri_4spk", 100, 140, 3, 4.0),       # three of the four speak here, 1.8 %
 ])
 def test_librispeech_clip(tmp_path, name, start, stop, n_spk, max_der):
     path, ref = cut(name, start, stop, tmp_path)
@@ -76,6 +77,27 @@ def test_librispeech_clip(tmp_path, name, start, stop, n_spk, max_der):
     r = diarize_clip(path, tmp_path)
     d = rttm.der(ref, r["segments"], path.stem, duration=stop - start)
     assert r["n_speakers"] == n_spk, f"{r['n_speakers']} speakers, merges {r['clusterer'].history}"
+    assert 100 * d["der"] < max_der, f"DER {100 * d['der']:.2f} %"
+
+
+@pytest.mark.parametrize("name,start,stop,speakers,max_der", [
+    # 4 speakers, 3 of them in long turns (the 4th: 2 s); 13.1 % with the defaults, 67.1 % before
+    # the cosine check and the level feature (one speaker)
+    ("ami_seriously", 0, 60, (3, 4), 17.0),
+    # FEE016, MEO015 (3 s), FEE013, FEE016 again: 14.7 %, 49.8 % without the cosine check
+    ("ami_seriously", 5, 45, (2, 3), 20.0),
+    # 3 speakers, 20 % overlapped speech: 36.3 % (45.7 % as one speaker)
+    ("ami_trn00", 0, 30, (3, 4), 41.0),
+])
+def test_ami_clip(tmp_path, name, start, stop, speakers, max_der):
+    """The headset-mix AMI clips no longer end as one speaker: the supervector cosine check
+    stops the merging that the relative gain alone carried on to the end."""
+    path, ref = cut(name, start, stop, tmp_path)
+    r = diarize_clip(path, tmp_path)
+    d = rttm.der(ref, r["segments"], path.stem, duration=stop - start)
+    c = r["clusterer"]
+    assert speakers[0] <= r["n_speakers"] <= speakers[1], (
+        f"{r['n_speakers']} speakers, merges {c.history}, cosines {c.pair_cosines}")
     assert 100 * d["der"] < max_der, f"DER {100 * d['der']:.2f} %"
 
 

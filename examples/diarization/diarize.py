@@ -9,9 +9,11 @@ Reads WAV/FLAC (any rate, stereo mixed down) and writes an RTTM:
 1. features: 20 cepstra of a 40-band log-mel spectrum (25 ms / 10 ms, NumPy only);
 2. speech activity: an energy detector bootstraps a speech GMM and a non-speech GMM that are
    re-trained on the recording (sad.py);
-3. speakers: ICSI/PyCASP agglomerative clustering of the speech frames (19 cepstra, 8-component
+3. speakers: ICSI/PyCASP agglomerative clustering of the speech frames (c0..c19, 8-component
    GMMs, resegmentation with a 1.5 s vote, merging by compute_distance_BIC) that stops when the
-   best merge's gain per frame falls below a threshold on the recording's own scale (cluster.py);
+   best merge's gain per frame falls below a threshold on the recording's own scale, or when the
+   two clusters' supervectors (a background GMM of the recording adapted to each) point apart
+   (cluster.py);
 4. a final Viterbi resegmentation of the speech frames with the speakers' GMMs (reseg.py), then
    segments: pauses under 0.5 s inside a speaker's turn are that speaker's, no segment under 0.2 s.
 
@@ -40,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from features import FRAME_RATE, DiarizationError  # noqa: E402
+from features import FRAME_RATE, N_FEATURES, DiarizationError  # noqa: E402
 
 
 def process_age() -> float:
@@ -86,6 +88,8 @@ def build_parser():
     s.add_argument("--vad-threshold", type=float, default=0.35,
                    help="energy detector: threshold between noise floor (0) and speech level (1)")
     g = ap.add_argument_group("clustering")
+    g.add_argument("--first-cep", type=int, default=0, choices=[0, 1],
+                   help="features: cepstra from this one to c19 (0: with the level c0)")
     g.add_argument("--clusters", type=int, default=16, help="initial clusters")
     g.add_argument("--components", type=int, default=8, help="Gaussians per cluster model")
     g.add_argument("--segment", type=int, default=150,
@@ -111,6 +115,15 @@ def build_parser():
     g.add_argument("--relative-threshold", type=float, default=0.49,
                    help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
                         "speaker's (first merge round); chosen on the development recordings")
+    g.add_argument("--cosine-threshold", type=float, default=-0.2,
+                   help="no merge of a pair whose supervectors (the recording's background GMM "
+                        "adapted to each cluster) have a cosine under this; -1: no check")
+    g.add_argument("--ubm-components", type=int, default=12,
+                   help="Gaussians of the background GMM of the cosine check")
+    g.add_argument("--cosine-min-speech", type=float, default=5.0,
+                   help="the cosine check applies when both clusters hold this much speech (s)")
+    g.add_argument("--relevance", type=float, default=16.0,
+                   help="MAP relevance factor of the cluster supervectors")
     g.add_argument("--merge-threshold", type=float, default=-0.15,
                    help="per-frame rule: nats per frame")
     g.add_argument("--pre-iters", type=int, default=5,
@@ -140,24 +153,29 @@ def build_parser():
     return ap
 
 
-def warm_up_gmm(backend_name: str, params):
+def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
     """Let the GMM implementation load (asp_gmm: open its tuning history, compile or load the code
     for the model sizes the run uses) before the processing clock runs."""
     import numpy as np
     import scipy.fft  # noqa: F401  (the feature front end's FFT; imported here, before the clock)
     from cluster import Backend
     be = Backend(backend_name)
-    be.prepare(19, sorted({params.n_components, params.max_components, 8, 16}), 10_000,
-               params.cvtype, params.dtype)
+    be.prepare(D, sorted({params.n_components, params.max_components, params.ubm_components, 8,
+                          16}), 10_000, params.cvtype, params.dtype)
     rng = np.random.default_rng(0)
-    X = rng.standard_normal((600, 19)).astype(params.dtype)
-    g1 = be.GMM(params.n_components, 19, cvtype=params.cvtype, dtype=params.dtype,
+    X = rng.standard_normal((600, D)).astype(params.dtype)
+    g1 = be.GMM(params.n_components, D, cvtype=params.cvtype, dtype=params.dtype,
                 reg_covar=params.reg_covar)
-    g2 = be.GMM(params.n_components, 19, cvtype=params.cvtype, dtype=params.dtype,
+    g2 = be.GMM(params.n_components, D, cvtype=params.cvtype, dtype=params.dtype,
                 reg_covar=params.reg_covar)
     g1.train(X[:300], min_em_iters=params.em_iters, max_em_iters=params.em_iters)
     g2.train(X[300:], min_em_iters=params.em_iters, max_em_iters=params.em_iters)
     g1.score(X)
+    if params.cosine_threshold > -1.0:
+        ubm = be.GMM(params.ubm_components, D, cvtype="diag", dtype=params.dtype,
+                     reg_covar=params.reg_covar)
+        ubm.train(X, min_em_iters=1, max_em_iters=1)
+        ubm.eval(X)
     be.bic(g1, g2, X, params.em_iters)
     return be
 
@@ -218,11 +236,15 @@ def params_from_args(args):
                          merge_rule=args.merge_rule, relative_threshold=args.relative_threshold,
                          merge_threshold=args.merge_threshold, pre_iters=args.pre_iters,
                          bic_iters=args.bic_iters, n_speakers=max(0, args.speakers),
+                         cosine_threshold=args.cosine_threshold,
+                         ubm_components=args.ubm_components, relevance=args.relevance,
+                         cosine_min_frames=int(round(args.cosine_min_speech * FRAME_RATE)),
                          n_jobs=max(1, args.jobs))
 
 
-def diarize(audio_path, args, log=print):
-    """Returns a dict with segments, timings and counts. Raises DiarizationError on bad input."""
+def diarize(audio_path, args, log=print, on_round=None):
+    """Returns a dict with segments, timings and counts. Raises DiarizationError on bad input.
+    ``on_round(clusterer)`` is called after every merge round's scores (before its merge)."""
     import numpy as np
     import sad
     from cluster import Clusterer
@@ -240,7 +262,7 @@ def diarize(audio_path, args, log=print):
         os.environ.setdefault("ASP_GMM_NUM_THREADS", "1")
     # The one-time loading/compilation of the GMM code is not part of the processing time.
     t0 = time.perf_counter()
-    be = warm_up_gmm(backend_name, params)
+    be = warm_up_gmm(backend_name, params, N_FEATURES - args.first_cep)
     t_warm = time.perf_counter() - t0
 
     t_start = time.perf_counter()
@@ -262,8 +284,9 @@ def diarize(audio_path, args, log=print):
     if n_speech < params.seg_len:
         raise DiarizationError(f"{audio_path}: only {n_speech / FRAME_RATE:.2f} s of speech, less "
                                f"than one voting segment ({params.seg_len / FRAME_RATE:.2f} s)")
-    Xs = feats.mfcc[speech]
-    clus = Clusterer(Xs, be, params, log=log if args.verbose else None, seed=args.seed)
+    Xs = feats.cepstra(args.first_cep)[speech]
+    clus = Clusterer(Xs, be, params, log=log if args.verbose else None, seed=args.seed,
+                     on_round=on_round)
     clus.run()
     lab = clus.final_labels(args.final, penalty=args.penalty,
                             min_run=max(1, int(round(args.min_run * FRAME_RATE))))
@@ -279,7 +302,8 @@ def diarize(audio_path, args, log=print):
     t_end = time.perf_counter()
     return {
         "segments": segments, "n_speakers": len({s[2] for s in segments}), "duration": duration,
-        "speech_seconds": n_speech / FRAME_RATE, "backend": be.name, "clusterer": clus,
+        "speech_seconds": n_speech / FRAME_RATE, "speech_mask": speech, "backend": be.name,
+        "clusterer": clus,
         "times": {"warmup": t_warm, "load": t_load - t_start, "features": t_feat - t_load,
                   "sad": t_sad - t_feat, "clustering": t_clus - t_sad, "output": t_end - t_clus,
                   "total": t_end - t_start},

