@@ -68,6 +68,13 @@ class TrainResult:
     loglik_trace: list
 
 
+def _start(backend, method: str, *args):
+    """``backend.<method>(*args)`` (a background compile: a Future), or ``None`` for a backend without
+    background compiles (a test double)."""
+    fn = getattr(backend, method, None)
+    return fn(*args) if fn is not None else None
+
+
 class Specializer:
     """Runs EM for the Face on one backend."""
 
@@ -121,46 +128,92 @@ class Specializer:
     def train(self, X, weights, means, covars, problem: Problem, reg_covar: float,
               min_iters: int, max_iters: int, tol: float, variant: str | None = None) -> TrainResult:
         t_start = time.perf_counter()
+        backend = self.backend
+        # what every session needs (an EM core...) compiles while the history opens and the plan is made
+        _start(backend, "prepare_async", problem)
         sel = self.selector
         tuning = selection.autotune_enabled()
-        plan = sel.plan(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None)
+        plan = sel.plan(backend, problem, self.candidates(problem, variant), pinned=variant is not None)
         explore = list(plan.explore) if tuning else []
-        if self.backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
+        ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+        pending = None      # (config, future) of the planned configuration compiling in the background
+        if backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
             # a compile (seconds) costs more than a small problem can ever win back: explore only
             # what is already compiled for this shape, and run a compiled candidate rather than
             # compile the planned one; larger problems and `asp-gmm tune` fill in
-            ready = lambda c: self.backend.is_ready(c.variant, c.params, problem)  # noqa: E731
             explore = [c for c in explore if ready(c)]
             if variant is None and not ready(plan.primary):
-                alt = next((c for c in selection.rule_order(self.backend, self.candidates(problem))
+                alt = next((c for c in selection.rule_order(backend, self.candidates(problem))
                             if ready(c)), None)
                 if alt is not None:
                     plan = selection.Plan(alt, [], plan.reason + ", compiled")
-        session = self.backend.open(X, problem)
+        else:
+            # a call never waits for an optional compile: it explores what is compiled, the other
+            # candidates compile in the background for later calls; the planned configuration,
+            # when not compiled, compiles in the background while the call runs on a compiled one
+            waiting = [c for c in explore if not ready(c)]
+            explore = [c for c in explore if c not in waiting]
+            for c in waiting:
+                _start(backend, "kernel_async", c.variant, c.params, problem)
+            if variant is None and not ready(plan.primary):
+                fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
+                if fut is not None:
+                    pending = (plan.primary, fut)
+        session = backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
             iters, converged, explored, used = 0, False, [], None
             trace = []
             N = problem.N
+            stand_in = None
+            if pending is not None and not pending[1].done():
+                stand_in = next((c for c in selection.rule_order(backend, self.candidates(problem))
+                                 if c != pending[0] and ready(c)), None)
+
+            def one_iteration(cfg, kernel, record_as_explored):
+                nonlocal iters, converged, used
+                before = session.loglik()
+                run = session.em(kernel, 1, 1, 0.0, reg_covar)
+                iters += 1
+                trace.extend(run.loglik_trace[1 if trace else 0:])
+                if record_as_explored:
+                    explored.append(cfg.label)
+                used = cfg
+                if tuning:
+                    sel.record(backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
+                converged = iters >= min_iters and abs(run.loglik - before) / N < tol
+
             while explore and iters < max_iters and not converged:
                 cfg = explore.pop(0)
                 kernel = self._kernel(cfg, problem, sel)
                 if kernel is None:
                     continue
-                before = session.loglik()
                 try:
-                    run = session.em(kernel, 1, 1, 0.0, reg_covar)
+                    one_iteration(cfg, kernel, True)
                 except KernelError as exc:
-                    sel.record(self.backend, problem, cfg, "launch-failed")
+                    sel.record(backend, problem, cfg, "launch-failed")
                     log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
-                    continue
-                iters += 1
-                trace.extend(run.loglik_trace[1 if trace else 0:])
-                explored.append(cfg.label)
-                used = cfg
-                if tuning:
-                    sel.record(self.backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
-                converged = iters >= min_iters and abs(run.loglik - before) / N < tol
+            if stand_in is not None:
+                # iterations on a compiled configuration until the planned one's compile finishes
+                kernel = self._kernel(stand_in, problem, sel)
+                while kernel is not None and not pending[1].done() and iters < max_iters and not converged:
+                    try:
+                        one_iteration(stand_in, kernel, False)
+                    except KernelError as exc:
+                        sel.record(backend, problem, stand_in, "launch-failed")
+                        log.warning("asp_gmm: variant %s failed at run time (%s)", stand_in.label, exc)
+                        break
+                if used is stand_in:
+                    log.info("asp_gmm: %d iteration(s) ran on %s while %s compiled", iters, stand_in.label,
+                             pending[0].label)
+            skip = set()
+            if pending is not None and pending[1].done() and not pending[1].cancelled():
+                exc = pending[1].exception()
+                if isinstance(exc, CompileError):
+                    sel.record(backend, problem, pending[0], "compile-failed")
+                    log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
+                                pending[0].label, exc)
+                    skip.add(pending[0])
             if iters < max_iters and not converged:
                 # the planned configuration, then the other candidates should it fail to compile or
                 # to run (each failure is recorded and never retried for its source)
@@ -168,13 +221,15 @@ class Specializer:
                                                         if c != plan.primary))
                 last_exc = None
                 for cfg in order:
+                    if cfg in skip:
+                        continue
                     kernel = self._kernel(cfg, problem, sel, reraise=variant is not None)
                     if kernel is None:
                         continue
                     try:
                         run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
                     except KernelError as exc:
-                        sel.record(self.backend, problem, cfg, "launch-failed")
+                        sel.record(backend, problem, cfg, "launch-failed")
                         if variant is not None:
                             raise
                         log.warning("asp_gmm: variant %s failed at run time (%s); trying another", cfg.label, exc)
@@ -185,7 +240,7 @@ class Specializer:
                     converged = run.converged
                     used = cfg
                     if tuning and run.iters:
-                        sel.record(self.backend, problem, cfg, "ok", statistics.median(run.iter_seconds),
+                        sel.record(backend, problem, cfg, "ok", statistics.median(run.iter_seconds),
                                    statistics.median(run.cov_seconds), run.iters)
                     break
                 else:
