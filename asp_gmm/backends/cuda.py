@@ -194,12 +194,45 @@ def render_source(variant: registry.Variant, tunables: dict | None, problem: Pro
     return src + f"\n/* asp_gmm launch: {launches!r} scratch: {variant.extra.get('scratch', '')!r} */\n"
 
 
+def use_nvrtc() -> bool:
+    """Whether cubins are compiled in-process by NVRTC (cuda-bindings installed, ``ASP_GMM_NVRTC`` not
+    0) rather than by spawning nvcc."""
+    from . import nvrtc
+    return not nvrtc.disabled() and nvrtc.available()
+
+
+def compiler_version() -> str:
+    """The compiler that makes this process's cubins (part of the device fingerprint)."""
+    if use_nvrtc():
+        from . import nvrtc
+        return nvrtc.version()
+    return cache.tool_version(nvcc_command())
+
+
 def compile_cubin(source: str, arch: str, name: str):
-    """Path of the cubin compiled from ``source`` for ``arch`` (e.g. "sm_90"), from the cache."""
+    """Path of the cubin compiled from ``source`` for ``arch`` (e.g. "sm_90"), from the cache:
+    compiled in-process by NVRTC where it is installed, else by nvcc."""
+    if use_nvrtc():
+        from . import nvrtc
+        return nvrtc.build_cubin(source, arch, name)
+    return compile_cubin_nvcc(source, arch, name)
+
+
+def compile_cubin_nvcc(source: str, arch: str, name: str):
+    """Path of the cubin compiled by nvcc from ``source`` for ``arch``, from the cache."""
     cmd = nvcc_command()
     key = [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
     return cache.build(source, ".cubin", lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
                        key, name, source_suffix=".cu")
+
+
+def lookup_cubin(source: str, arch: str, name: str):
+    """Path of the cached cubin :func:`compile_cubin` would return, or ``None`` (it would compile)."""
+    if use_nvrtc():
+        from . import nvrtc
+        return nvrtc.lookup_cubin(source, arch, name)
+    key = [cache.tool_version(nvcc_command()), " ".join(NVCC_FLAGS), arch]
+    return cache.lookup(source, ".cubin", key, name, source_suffix=".cu")
 
 
 def compile_variant(variant, tunables, problem: Problem, arch: str = "sm_90"):
@@ -378,8 +411,9 @@ def _probe() -> str | None:
     if count == 0:
         return "no CUDA GPU is present"
     nv = nvcc_command()
-    if shutil.which(nv[0]) is None and not os.path.exists(nv[0]):
-        return "nvcc (the CUDA compiler) was not found; install the CUDA toolkit or set ASP_GMM_NVCC"
+    if not use_nvrtc() and shutil.which(nv[0]) is None and not os.path.exists(nv[0]):
+        return ("neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc (the CUDA compiler) was "
+                "found; install one, or set ASP_GMM_NVCC")
     return None
 
 
@@ -435,7 +469,7 @@ class CudaBackend(Backend):
         d = self.device
         return {"backend": "cuda", "model": d.name, "arch": d.arch, "sm_count": d.attrs["sm_count"],
                 "memory": d.memory, "driver": d.drv.get_driver_version(),
-                "compiler": cache.tool_version(nvcc_command())}
+                "compiler": compiler_version()}
 
     def covariance_variants(self, problem: Problem | None = None) -> list:
         """Covariance variants that follow the plug-in convention and whose limits allow ``problem``
@@ -461,12 +495,14 @@ class CudaBackend(Backend):
         mod = self._modules.get(key)
         if mod is not None:
             return mod
+        dev = self.device
+        src = render_source(variant, tun, problem)
+        # compiled outside the lock, so that independent modules compile in parallel (the cache's
+        # per-entry file lock keeps two threads from compiling the same one)
+        path = compile_cubin(src, dev.arch, _binary_name(variant, tun, problem))
         with self._lock:
             mod = self._modules.get(key)
             if mod is None:
-                dev = self.device
-                src = render_source(variant, tun, problem)
-                path = compile_cubin(src, dev.arch, _binary_name(variant, tun, problem))
                 with dev.active():
                     try:
                         m = dev.drv.module_from_file(str(path))
@@ -532,9 +568,17 @@ class CudaBackend(Backend):
         return self._load(variant, tunables, problem, {"*": ESTEP_ARGS})
 
     def prepare(self, problem: Problem) -> None:
+        """Load the EM core and the E-step of ``problem``'s class; their cubins, when not cached,
+        compile in parallel (NVRTC threads, or nvcc processes)."""
         bp = binary_problem(problem)
+        from . import nvrtc       # its pool runs leaf work only (never waits on the pool): no deadlock
+        other = nvrtc.pool().submit(self.estep, bp)
         self.core(bp)
-        self.estep(bp)
+        other.result()
+
+    def prepare_key(self, problem: Problem):
+        bp = binary_problem(problem)
+        return (bp.D, bp.M, bp.cvtype, bp.dtype)
 
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         """True when this variant, the EM core and the E-step for the problem's class are loaded or
@@ -547,14 +591,12 @@ class CudaBackend(Backend):
         if key in self._modules or key in self._ready:
             return True
         arch = self.device.arch
-        cmd = nvcc_command()
-        keyparts = [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
         ev, et = self.estep_variant(problem)
         for v, t in ((variant, tun), (registry.get("cuda", "core", "core"), None), (ev, et)):
             t2 = v.default_tunables()
             t2.update(t or {})
             src = render_source(v, t2, problem)
-            if cache.lookup(src, ".cubin", keyparts, _binary_name(v, t2, problem), source_suffix=".cu") is None:
+            if lookup_cubin(src, arch, _binary_name(v, t2, problem)) is None:
                 return False
         self._ready.add(key)    # in the disk cache: stays so (entries are only ever added or rebuilt)
         return True
