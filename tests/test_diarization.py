@@ -120,6 +120,19 @@ def test_der_agrees_with_pyannote_metrics(rng):
     assert rttm.der([], [], "u", duration=5.0)["der"] == 0.0
 
 
+def test_max_weight_matching_equals_scipy(rng):
+    from scipy.optimize import linear_sum_assignment
+    for t in range(300):
+        n, m = rng.integers(1, 9), rng.integers(1, 9)
+        w = rng.random((n, m)) * (rng.random((n, m)) < 0.6)
+        if t % 3 == 0:
+            w = np.round(w * 3)          # ties
+        ours = rttm.max_weight_matching(w)
+        r, c = linear_sum_assignment(-w)
+        assert sum(w[i, j] for i, j in ours) == pytest.approx(w[r, c].sum(), abs=1e-12)
+        assert len(ours) == min(n, m) == len({i for i, _ in ours}) == len({j for _, j in ours})
+
+
 def test_der_collar_is_nist_quarter_second():
     ref = [(0.0, 10.0, "a"), (10.0, 10.0, "b")]
     # boundary 0.2 s late: inside the +-0.25 s collar, no error

@@ -166,9 +166,7 @@ def der(reference, hypothesis, uri: str, collar: float = NIST_COLLAR, duration=N
     matched = np.zeros(len(mid))
     if rn and hn:
         cooc = (H.T * dur) @ R.astype(float)          # (hyp, ref) seconds spoken together
-        from scipy.optimize import linear_sum_assignment
-        rows, cols = linear_sum_assignment(-cooc)
-        for h, r in zip(rows, cols):
+        for h, r in max_weight_matching(cooc):
             if cooc[h, r] > 0:
                 matched += H[:, h] & R[:, r]
     out["total"] = float(dur @ nr)
@@ -179,6 +177,46 @@ def der(reference, hypothesis, uri: str, collar: float = NIST_COLLAR, duration=N
     err = out["missed detection"] + out["false alarm"] + out["confusion"]
     out["der"] = err / out["total"] if out["total"] > 0 else (0.0 if err == 0 else 1.0)
     return out
+
+
+def max_weight_matching(weights) -> list:
+    """The one-to-one pairs (row, column) of ``weights`` (n, m) with the largest total weight (the
+    Hungarian method, O(n^2 m) for n <= m; the transpose otherwise), as scipy's
+    ``linear_sum_assignment(-weights)``; here so that scoring needs no scipy.optimize import."""
+    w = np.asarray(weights, float)
+    if w.shape[0] > w.shape[1]:
+        return [(r, c) for c, r in max_weight_matching(w.T)]
+    n, m = w.shape
+    cost = w.max() - w if w.size else w                 # minimise; every row gets a column
+    u, v = np.zeros(n + 1), np.zeros(m + 1)
+    match = np.zeros(m + 1, int)                        # match[j]: row (1-based) in column j; 0 none
+    way = np.zeros(m + 1, int)
+    for i in range(1, n + 1):
+        match[0], j0 = i, 0
+        minv = np.full(m + 1, np.inf)
+        used = np.zeros(m + 1, bool)
+        while True:
+            used[j0] = True
+            i0 = match[j0]
+            cur = cost[i0 - 1] - u[i0] - v[1:]
+            free = ~used[1:]
+            better = free & (cur < minv[1:])
+            minv[1:][better] = cur[better]
+            way[1:][better] = j0
+            cand = np.where(free, minv[1:], np.inf)
+            j1 = int(np.argmin(cand)) + 1
+            delta = cand[j1 - 1]
+            u[match[used]] += delta
+            v[used] -= delta
+            minv[1:][free] -= delta
+            j0 = j1
+            if match[j0] == 0:
+                break
+        while j0:
+            j1 = way[j0]
+            match[j0] = match[j1]
+            j0 = j1
+    return sorted((int(match[j]) - 1, j - 1) for j in range(1, m + 1) if match[j])
 
 
 def der_pyannote(reference, hypothesis, uri: str, collar: float = NIST_COLLAR, duration=None) -> dict:
