@@ -137,6 +137,7 @@ class Specializer:
         explore = list(plan.explore) if tuning else []
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
         pending = None      # (config, future) of the planned configuration compiling in the background
+        waiting = []        # candidates to explore that are not compiled (compiled after the call)
         if backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
             # a compile (seconds) costs more than a small problem can ever win back: explore only
             # what is already compiled for this shape, and run a compiled candidate rather than
@@ -153,8 +154,6 @@ class Specializer:
             # when not compiled, compiles in the background while the call runs on a compiled one
             waiting = [c for c in explore if not ready(c)]
             explore = [c for c in explore if c not in waiting]
-            for c in waiting:
-                _start(backend, "kernel_async", c.variant, c.params, problem)
             if variant is None and not ready(plan.primary):
                 fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
                 if fut is not None:
@@ -252,6 +251,10 @@ class Specializer:
             w, mu, cv = session.params()
         finally:
             session.close()
+        if not (backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK):
+            # the candidates to explore compile after the call, not competing with it for the cores
+            for c in waiting:
+                _start(backend, "kernel_async", c.variant, c.params, problem)
         label = used.label if used is not None else plan.primary.label
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
                            time.perf_counter() - t_start, trace)
