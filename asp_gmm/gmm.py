@@ -315,7 +315,8 @@ def prepare(D, M, cvtype="full", dtype=np.float32, backend="auto", N=10_000):
         raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
     spec = Specializer(backend)
     dt = _as_dtype(dtype).name
-    return sum(spec.prepare(Problem(int(N), int(D), int(m), cvtype, dt)) for m in Ms)
+    # every module of every shape compiles at once, in parallel (one thread per core)
+    return spec.prepare_many([Problem(int(N), int(D), int(m), cvtype, dt) for m in Ms])
 
 
 def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X, X1=None, X2=None, min_em_iters=1, max_em_iters=10, tol=1e-3):

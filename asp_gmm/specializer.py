@@ -263,9 +263,32 @@ class Specializer:
         """Compile or load every candidate configuration for ``problem`` and the backend's other
         modules; returns how many configurations are ready. A compile failure is recorded as in a
         real call (and not retried)."""
+        return self.prepare_many([problem], variant)
+
+    def prepare_many(self, problems, variant: str | None = None) -> int:
+        """:meth:`prepare` for several problems, every compile started at once on the background
+        pool (one thread per core) and then waited for; returns the configurations ready in all."""
         sel = self.selector
-        ready = sum(self._kernel(cfg, problem, sel) is not None for cfg in self.candidates(problem, variant))
-        self.backend.prepare(problem)
+        jobs = []
+        for p in problems:
+            jobs.append((None, p, _start(self.backend, "prepare_async", p)))
+            for cfg in self.candidates(p, variant):
+                jobs.append((cfg, p, _start(self.backend, "kernel_async", cfg.variant, cfg.params, p)))
+        ready = 0
+        for cfg, p, fut in jobs:
+            if cfg is None:
+                if fut is None:
+                    self.backend.prepare(p)
+                else:
+                    fut.result()
+                continue
+            exc = fut.exception() if fut is not None else None
+            if isinstance(exc, CompileError):
+                sel.record(self.backend, p, cfg, "compile-failed")
+                log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
+                            cfg.label, exc)
+                continue
+            ready += self._kernel(cfg, p, sel) is not None
         return ready
 
     def _kernel(self, cfg: Config, problem: Problem, sel, reraise: bool = False):
