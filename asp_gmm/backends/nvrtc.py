@@ -140,7 +140,8 @@ def options(arch: str) -> list:
             + [f"-I{d}" for d in include_dirs()])
 
 
-def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str = "") -> bytes:
+def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str = "",
+                  extra_options=(), with_log: bool = False):
     """The cubin of ``source`` for ``arch``, compiled in this process.
 
     Parameters
@@ -153,11 +154,15 @@ def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str
         Name of the program (appears in NVRTC's messages).
     source_path : str
         Where the source is kept for inspection (named in errors).
+    extra_options : sequence of str
+        More NVRTC options (e.g. ``--ptxas-options=--verbose`` for registers and spills in the log).
+    with_log : bool
+        Return ``(cubin, log)`` instead of the cubin.
 
     Returns
     -------
     bytes
-        The cubin (an ELF image ``cuModuleLoadData`` takes).
+        The cubin (an ELF image ``cuModuleLoadData`` takes); with ``with_log``, ``(cubin, log text)``.
 
     Raises
     ------
@@ -167,7 +172,7 @@ def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str
         cuda-bindings or the NVRTC library is missing (the message says what to install).
     """
     nv = _require()
-    opts = options(arch)
+    opts = options(arch) + list(extra_options)
     cmd = ["nvrtc", *opts]
     ok = nv.nvrtcResult.NVRTC_SUCCESS
     names = list(HEADERS)
@@ -195,7 +200,7 @@ def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str
         if e3 != ok:
             raise CompileError(cmd, f"nvrtcGetCUBIN failed: {e3}", source_path, name)
         log.debug("asp_gmm: NVRTC compiled %s for %s in %.2f s", name, arch, time.perf_counter() - t0)
-        return bytes(buf)
+        return (bytes(buf), logtext) if with_log else bytes(buf)
     finally:
         nv.nvrtcDestroyProgram(prog)
 
