@@ -50,6 +50,7 @@ import platformdirs
 
 from . import __version__
 from .errors import CacheError, CompileError, UnsafeCacheError
+from .runtime import default_runtime
 
 log = logging.getLogger("asp_gmm.cache")
 
@@ -251,7 +252,11 @@ class CompileStats:
 NOTICE_AFTER = 3.0
 #: Compiles are logged here at INFO (name, seconds, compiler, binary).
 compile_log = logging.getLogger("asp_gmm")
-_noticed = threading.Event()
+_NOTICED = "compile-notice"      # in Runtime.warned once the notice was printed
+
+
+def _noticed() -> bool:
+    return _NOTICED in default_runtime().warned
 
 
 class _Notice:
@@ -268,7 +273,7 @@ class _Notice:
         with cls._lock:
             cls._active += 1
             cls._name = name
-            if cls._timer is None and not _noticed.is_set() and NOTICE_AFTER is not None:
+            if cls._timer is None and not _noticed() and NOTICE_AFTER is not None:
                 cls._timer = threading.Timer(NOTICE_AFTER, cls._fire)
                 cls._timer.daemon = True
                 cls._timer.start()
@@ -278,9 +283,9 @@ class _Notice:
         with cls._lock:
             cls._timer = None
             busy = cls._active > 0 or time.monotonic() - cls._last_end < 0.5
-            if not busy or _noticed.is_set():
+            if not busy or _noticed():
                 return
-            _noticed.set()
+            default_runtime().warned.add(_NOTICED)
         import sys
         where, _ = _configured()
         print(f"asp_gmm: compiling specialized code on first use ({cls._name or 'kernel'}...); this takes a few "
@@ -425,8 +430,6 @@ def lookup(source: str, suffix: str, key_parts, name: str = "", source_suffix: s
     return None
 
 
-_fallback_warned: set = set()
-_warn_lock = threading.Lock()
 
 
 def _search_roots() -> list:
@@ -462,9 +465,10 @@ def _compile_root(roots: list) -> tuple:
     if not _writable(private, pst):
         raise CacheError(f"{_describe(primary, origin)} is read-only for you and so is {_describe(private, 'private')}, "
                          "so a binary they lack cannot be compiled; set ASP_GMM_CACHE_DIR to a writable folder")
-    with _warn_lock:
-        if primary not in _fallback_warned:
-            _fallback_warned.add(primary)
+    rt = default_runtime()
+    with rt.lock:
+        if ("cache-fallback", primary) not in rt.warned:
+            rt.warned.add(("cache-fallback", primary))
             msg = (f"asp_gmm: {_describe(primary, origin)} is read-only for you (a shared cache?); binaries it "
                    f"lacks are compiled into {_describe(private, 'private')}")
             log.warning(msg)

@@ -25,11 +25,6 @@ from .selection import Config
 
 log = logging.getLogger("asp_gmm")
 
-#: Problems with fewer multiply-adds per EM iteration (about N * M * D^2) than this never trigger a
-#: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
-#: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
-EXPLORE_COMPILE_WORK = 1e9
-
 
 @dataclass
 class TrainResult:
@@ -76,16 +71,27 @@ def _start(backend, method: str, *args):
 
 
 class Specializer:
-    """Runs EM for the Face on one backend."""
+    """Runs EM for the Face on one backend.
 
-    def __init__(self, backend="auto", selector: selection.Selector | None = None):
+    Parameters
+    ----------
+    backend : str or Backend
+    selector : Selector, optional
+        Shorthand for ``policy=Policy(selector)``.
+    policy : asp_gmm.selection.Policy, optional
+        Decides which configuration runs (and explores) each problem; a new
+        :class:`~asp_gmm.selection.Policy` on the default selector when not given.
+    """
+
+    def __init__(self, backend="auto", selector: selection.Selector | None = None,
+                 policy: selection.Policy | None = None):
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
-        self._selector = selector
+        self.policy = policy if policy is not None else selection.Policy(selector)
         self._candidates: dict = {}
 
     @property
     def selector(self) -> selection.Selector:
-        return self._selector or selection.default_selector()
+        return self.policy.selector
 
     def candidates(self, problem: Problem, variant: str | None = None) -> list:
         """Configurations (variant + default tunables) whose limits allow ``problem`` (memoised by the
@@ -131,33 +137,17 @@ class Specializer:
         backend = self.backend
         # what every session needs (an EM core...) compiles while the history opens and the plan is made
         _start(backend, "prepare_async", problem)
-        sel = self.selector
+        sel = self.policy
         tuning = selection.autotune_enabled()
-        plan = sel.plan(backend, problem, self.candidates(problem, variant), pinned=variant is not None)
-        explore = list(plan.explore) if tuning else []
+        plan = sel.choose(backend, problem, self.candidates(problem, variant), pinned=variant is not None,
+                          tuning=tuning)
+        explore = list(plan.explore)
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
         pending = None      # (config, future) of the planned configuration compiling in the background
-        waiting = []        # candidates to explore that are not compiled (compiled after the call)
-        if backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
-            # a compile (seconds) costs more than a small problem can ever win back: explore only
-            # what is already compiled for this shape, and run a compiled candidate rather than
-            # compile the planned one; larger problems and `asp-gmm tune` fill in
-            explore = [c for c in explore if ready(c)]
-            if variant is None and not ready(plan.primary):
-                alt = next((c for c in selection.rule_order(backend, self.candidates(problem))
-                            if ready(c)), None)
-                if alt is not None:
-                    plan = selection.Plan(alt, [], plan.reason + ", compiled")
-        else:
-            # a call never waits for an optional compile: it explores what is compiled, the other
-            # candidates compile in the background for later calls; the planned configuration,
-            # when not compiled, compiles in the background while the call runs on a compiled one
-            waiting = [c for c in explore if not ready(c)]
-            explore = [c for c in explore if c not in waiting]
-            if variant is None and not ready(plan.primary):
-                fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
-                if fut is not None:
-                    pending = (plan.primary, fut)
+        if plan.primary_in_background:
+            fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
+            if fut is not None:
+                pending = (plan.primary, fut)
         session = backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
@@ -251,10 +241,9 @@ class Specializer:
             w, mu, cv = session.params()
         finally:
             session.close()
-        if not (backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK):
-            # the candidates to explore compile after the call, not competing with it for the cores
-            for c in waiting:
-                _start(backend, "kernel_async", c.variant, c.params, problem)
+        # the candidates to explore compile after the call, not competing with it for the cores
+        for c in plan.compile_later:
+            _start(backend, "kernel_async", c.variant, c.params, problem)
         label = used.label if used is not None else plan.primary.label
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
                            time.perf_counter() - t_start, trace)
@@ -268,7 +257,7 @@ class Specializer:
     def prepare_many(self, problems, variant: str | None = None) -> int:
         """:meth:`prepare` for several problems, every compile started at once on the background
         pool (one thread per core) and then waited for; returns the configurations ready in all."""
-        sel = self.selector
+        sel = self.policy
         jobs = []
         for p in problems:
             jobs.append((None, p, _start(self.backend, "prepare_async", p)))

@@ -118,8 +118,8 @@ def compile_job(v, tun, p, arch=ARCH):
     t = v.default_tunables()
     t.update(tun or {})
     src = cu.render_source(v, t, p)
-    name = cu._binary_name(v, t, p)
-    return nvrtc.build_cubin(src, arch, name) if HAVE_NVRTC else cu.compile_cubin(src, arch, name)
+    name = cu.binary_name(v, t, p)
+    return nvrtc.build_cubin(src, arch, name) if HAVE_NVRTC else cu.cubin_path_nvcc(src, arch, name)
 
 
 @pytest.fixture(scope="module")

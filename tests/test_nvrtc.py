@@ -63,7 +63,7 @@ def _source(name, D=19, M=16, cvtype="full"):
     p = Problem(1000, D, M, cvtype, "float32")
     tun = v.default_tunables() if v.phase == "core" else v.first_allowed(p, extra=dict(cu._DEFAULT_LIMITS))
     assert tun is not None, name
-    return cu.render_source(v, tun, p), cu._binary_name(v, tun, p)
+    return cu.render_source(v, tun, p), cu.binary_name(v, tun, p)
 
 
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc (CUDA toolkit) is not installed")
@@ -71,7 +71,7 @@ def _source(name, D=19, M=16, cvtype="full"):
 def test_nvrtc_cubin_offers_what_nvcc_cubin_offers(name, tmp_path):
     src, binary = _source(name)
     ours = elf_summary(nvrtc.compile_cubin(src, "sm_90", binary))
-    theirs = elf_summary(cu.compile_cubin_nvcc(src, "sm_90", binary).read_bytes())
+    theirs = elf_summary(cu.cubin_path_nvcc(src, "sm_90", binary).read_bytes())
     # NVRTC also emits namespace-scope `static constexpr` constants (DIM, NCOMP...) as 4-byte device
     # objects, which nvcc folds away: extra, never missing, and only those
     assert theirs["symbols"] <= ours["symbols"]
@@ -145,7 +145,8 @@ def test_compiles_through_the_cache_are_logged_at_info(tmp_path, monkeypatch, ca
 def test_a_long_compile_prints_one_notice_on_stderr(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cache, "NOTICE_AFTER", 0.05)
-    monkeypatch.setattr(cache, "_noticed", __import__("threading").Event())
+    from asp_gmm import runtime
+    monkeypatch.setattr(runtime, "_default_runtime", runtime.Runtime())     # nothing noticed yet
     import time
 
     def slow(text, path):

@@ -411,3 +411,25 @@ def test_a_call_never_waits_for_the_planned_variant_to_compile(tmp_path, monkeyp
     assert again.variant.startswith("V4") and again.explored == []
     np.testing.assert_allclose(again.covars, res.covars, rtol=1e-9, atol=1e-12)
     assert again.loglik == pytest.approx(res.loglik, rel=1e-12)
+
+
+def test_estep_choice_follows_the_preference_until_the_history_has_timings(tmp_path):
+    """The E-step choice lives in the policy: the preference order when nothing is measured for the
+    problem's class, the fastest measured E-step once the history has timings for it."""
+    from asp_gmm.selection import Policy
+    be = FakeBackend()
+    fast, slow = fake_variant("estep_fast"), fake_variant("estep")
+    cands = [(slow, [{}]), (fast, [{}])]
+    p = Problem(10_000, 4, 3, "full", "float32")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    policy = Policy(HistorySelector(h), estep_preference={be.name: ["estep_fast", "estep"]})
+    assert policy.choose_estep(be, p, cands)[0] is fast
+    assert policy.choose_estep(be, p, cands, pinned="estep")[0] is slow
+    policy.record(be, p, Config.of(slow), "ok", 1e-3)
+    policy.record(be, p, Config.of(fast), "ok", 5e-3)
+    h.flush()
+    assert policy.choose_estep(be, p, cands)[0] is slow
+    far = Problem(10_000, 40, 3, "full", "float32")           # another class: nothing measured
+    assert policy.choose_estep(be, far, cands)[0] is fast
+    with pytest.raises(KernelError, match="E-step"):
+        policy.choose_estep(be, p, [(fast, [])])
