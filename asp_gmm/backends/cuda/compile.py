@@ -56,11 +56,20 @@ def _key_parts(arch: str) -> list:
     return [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
 
 
+_REJECTED = "nvrtc-cubin-rejected"   # in Runtime.warned: the driver refused an NVRTC cubin
+
+
 def use_nvrtc() -> bool:
     """Whether cubins are compiled in-process by NVRTC (cuda-bindings installed, ``ASP_GMM_NVRTC``
-    not 0) rather than by spawning nvcc."""
+    not 0, and the driver has not refused an NVRTC cubin in this process) rather than by nvcc."""
     from .. import nvrtc
-    return not nvrtc.disabled() and nvrtc.available()
+    from ...runtime import default_runtime
+    return not nvrtc.disabled() and nvrtc.available() and _REJECTED not in default_runtime().warned
+
+
+def _nvcc_present() -> bool:
+    nv = nvcc_command()
+    return shutil.which(nv[0]) is not None or os.path.exists(nv[0])
 
 
 def compiler_version() -> str:
@@ -123,11 +132,20 @@ def load_module(dev, source: str, name: str):
     path = cubin_path(source, dev.arch, name)
     with dev.active():
         try:
-            return dev.drv.module_from_buffer(compile_cubin(source, dev.arch, name)), path
-        except dev.drv.Error:
+            return dev.drv.module_from_buffer(path.read_bytes()), path
+        except dev.drv.Error as exc:
             cache.invalidate(path)
+            if use_nvrtc() and _nvcc_present():
+                # a driver older than the NVRTC that made the cubin: nvcc from now on in this process
+                import logging
+                from ...runtime import default_runtime
+                default_runtime().warned.add(_REJECTED)
+                logging.getLogger("asp_gmm").warning(
+                    "asp_gmm: the CUDA driver refused a cubin compiled by NVRTC (%s); compiling with nvcc from now "
+                    "on (install an nvidia-cuda-nvrtc matching the driver's CUDA version, or set ASP_GMM_NVRTC=0)",
+                    exc)
             path = cubin_path(source, dev.arch, name)
-            return dev.drv.module_from_buffer(compile_cubin(source, dev.arch, name)), path
+            return dev.drv.module_from_buffer(path.read_bytes()), path
 
 
 def compile_variant(variant, tunables, problem: Problem, arch: str = "sm_90") -> Path:
