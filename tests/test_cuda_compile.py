@@ -24,6 +24,7 @@ from asp_gmm.backends import cuda as cu
 from asp_gmm.backends import nvrtc
 from asp_gmm.errors import CompileError
 from asp_gmm.problem import Problem
+from conftest import code_path
 
 NVCC = cu.nvcc_command()
 HAVE_NVCC = shutil.which(NVCC[0]) is not None or os.path.exists(NVCC[0])
@@ -74,27 +75,6 @@ def _jobs():
                 if v.phase == "core" or v.allows(p, tun, extra=ctx):
                     jobs[(v.name, D, M, cv, dt, tuple(sorted(tun.items())))] = (v, tun, p)
     return jobs
-
-
-_NUMBER = re.compile(r"\b\d+(\.\d*)?([eE][-+]?\d+)?[fFuUlL]*\b")
-_COND = re.compile(r"\s*#\s*(?:if|elif)\b(.*)")
-_DEFINE = re.compile(r"\s*#\s*define\s+(\w+)")
-
-
-def code_path(source: str) -> str:
-    """The source with its numbers masked, except in the ``#define`` of every macro that a ``#if`` or
-    ``#elif`` reads: two renderings with the same code path have the same text."""
-    lines = source.splitlines()
-    conds = set()
-    for line in lines:
-        m = _COND.match(line)
-        if m:
-            conds.update(re.findall(r"[A-Za-z_]\w*", m.group(1)))
-    out = []
-    for line in lines:
-        m = _DEFINE.match(line)
-        out.append(line if m and m.group(1) in conds else _NUMBER.sub("#", line))
-    return "\n".join(out)
 
 
 def _by_path(jobs: dict) -> dict:
