@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 
@@ -72,33 +71,10 @@ import numpy as np
 
 from .errors import KernelError
 from .problem import Problem
-from .registry import Variant
+from .registry import Config
+from .config import settings
 
 log = logging.getLogger("asp_gmm.selection")
-
-
-@dataclass(frozen=True)
-class Config:
-    """A variant with concrete tunables."""
-
-    variant: Variant
-    tunables: tuple = ()   # sorted (name, value) pairs, hashable
-
-    @classmethod
-    def of(cls, variant: Variant, tunables: dict | None = None) -> "Config":
-        t = variant.default_tunables()
-        t.update(tunables or {})
-        return cls(variant, tuple(sorted(t.items())))
-
-    @property
-    def params(self) -> dict:
-        return dict(self.tunables)
-
-    @property
-    def label(self) -> str:
-        if not self.tunables:
-            return self.variant.name
-        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in self.tunables) + ")"
 
 
 @dataclass
@@ -145,7 +121,7 @@ EXPLORE_COMPILE_WORK = 1e9
 
 def autotune_enabled() -> bool:
     """``ASP_GMM_AUTOTUNE=0`` turns measuring and exploring off."""
-    return os.environ.get("ASP_GMM_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings().autotune
 
 
 class Selector:
@@ -426,7 +402,8 @@ class HistorySelector(Selector):
         device_id, fp = self._device(backend)
         try:
             history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
-                           problem.dtype, status, seconds, cov_seconds, repeats)
+                           problem.dtype, status, seconds, cov_seconds, repeats,
+                           threads=backend.run_threads(problem))
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
             self.runtime.disable(history, exc)
 

@@ -21,6 +21,8 @@ from . import selection
 from .backends import get_backend
 from .errors import CompileError, KernelError, VariantNotApplicableError
 from .problem import Problem
+from .reference import change_per_event
+from .reference import converged as converged_rule
 from .selection import Config
 
 log = logging.getLogger("asp_gmm")
@@ -162,7 +164,7 @@ class Specializer:
             def one_iteration(cfg, kernel, record_as_explored):
                 nonlocal iters, converged, used
                 before = session.loglik()
-                run = session.em(kernel, 1, 1, 0.0, reg_covar)
+                run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
                 iters += 1
                 trace.extend(run.loglik_trace[1 if trace else 0:])
                 if record_as_explored:
@@ -170,7 +172,7 @@ class Specializer:
                 used = cfg
                 if tuning:
                     sel.record(backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
-                converged = iters >= min_iters and abs(run.loglik - before) / N < tol
+                converged = converged_rule(iters, min_iters, change_per_event(run.loglik, before, N), tol)
 
             while explore and iters < max_iters and not converged:
                 cfg = explore.pop(0)
@@ -216,7 +218,8 @@ class Specializer:
                     if kernel is None:
                         continue
                     try:
-                        run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
+                        run = session.em(kernel, min_iters=max(min_iters - iters, 0), max_iters=max_iters - iters, tol=tol,
+                                         reg_covar=reg_covar)
                     except KernelError as exc:
                         sel.record(backend, problem, cfg, "launch-failed")
                         if variant is not None:

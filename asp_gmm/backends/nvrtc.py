@@ -86,7 +86,8 @@ def available() -> bool:
 
 def disabled() -> bool:
     """``ASP_GMM_NVRTC=0`` sends every compile to nvcc (comparisons, a broken NVRTC)."""
-    return os.environ.get("ASP_GMM_NVRTC", "1").strip().lower() in ("0", "no", "off", "false")
+    from ..config import settings
+    return not settings().nvrtc
 
 
 @functools.lru_cache(maxsize=1)
