@@ -142,7 +142,7 @@ def main(argv=None):
     if not args.skip_train:
         tr = first_train(args.backend, args.repeat)
         for phase, r in tr.items():
-            rows.append((f"first GMM(16,19).train, 100k x 19", phase, f"{r['train']:.3f}",
+            rows.append(("first GMM(16,19).train, 100k x 19", phase, f"{r['train']:.3f}",
                          f"process {r['wall']:.2f} s; {r['variant']} ({r['reason']}); "
                          f"{r['compiles']} compiles, {r['compile_s']:.2f} s in the call's process"))
     if not args.skip_example:

@@ -13,7 +13,6 @@ template is compiled once per path rather than once per shape. Compiles run in p
 this process, which releases the GIL) into the session's compile cache.
 """
 import os
-import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 

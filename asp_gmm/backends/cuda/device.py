@@ -10,7 +10,6 @@ import os
 import shutil
 from functools import lru_cache
 
-from ... import cache
 from ...errors import BackendUnavailableError
 from .compile import compiler_version, nvcc_command, use_nvrtc
 
