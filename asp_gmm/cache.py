@@ -41,6 +41,7 @@ import os
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -240,12 +241,66 @@ def _file_sha256(path: Path) -> str:
 
 
 class CompileStats:
-    """Counts of compiles and cache hits in this process (tests and benchmarks read them)."""
+    """Counts of compiles and cache hits in this process, and the seconds spent compiling (tests and
+    benchmarks read them)."""
     compiles = 0
     hits = 0
+    seconds = 0.0
 
 
-def build(source: str, suffix: str, command, key_parts, name: str = "", source_suffix: str = ".c"):
+#: A compile still running after this many seconds prints a one-line notice on stderr (once per
+#: process): a first call that compiles for longer would otherwise wait in silence.
+NOTICE_AFTER = 3.0
+#: Compiles are logged here at INFO (name, seconds, compiler, binary).
+compile_log = logging.getLogger("asp_gmm")
+_NOTICED = "compile-notice"      # in Runtime.warned once the notice was printed
+
+
+def _noticed() -> bool:
+    return _NOTICED in default_runtime().warned
+
+
+class _Notice:
+    """Prints, once per process, a line on stderr when compiles keep the process busy for longer than
+    :data:`NOTICE_AFTER` seconds (one long compile, or several back to back or in parallel)."""
+
+    _lock = threading.Lock()
+    _active = 0
+    _last_end = 0.0
+    _timer = None
+
+    def __init__(self, name: str):
+        cls = type(self)
+        with cls._lock:
+            cls._active += 1
+            cls._name = name
+            if cls._timer is None and not _noticed() and NOTICE_AFTER is not None:
+                cls._timer = threading.Timer(NOTICE_AFTER, cls._fire)
+                cls._timer.daemon = True
+                cls._timer.start()
+
+    @classmethod
+    def _fire(cls):
+        with cls._lock:
+            cls._timer = None
+            busy = cls._active > 0 or time.monotonic() - cls._last_end < 0.5
+            if not busy or _noticed():
+                return
+            default_runtime().warned.add(_NOTICED)
+        import sys
+        where, _ = _configured()
+        print(f"asp_gmm: compiling specialized code on first use ({cls._name or 'kernel'}...); this takes a few "
+              f"seconds once, the binaries are cached in {where}", file=sys.stderr, flush=True)
+
+    def cancel(self):
+        cls = type(self)
+        with cls._lock:
+            cls._active -= 1
+            cls._last_end = time.monotonic()
+
+
+def build(source: str, suffix: str, command, key_parts, name: str = "", source_suffix: str = ".c",
+          produce=None):
     """Return the path of the binary compiled from ``source``, compiling it only when not cached.
 
     Every binary returned has passed the trust checks of the module documentation (callers load it:
@@ -263,6 +318,16 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
         Everything besides the source that determines the binary (compiler version, flags, target).
     name : str
         Human-readable variant name, used in errors and file names.
+    source_suffix : str
+        File name ending of the kept source (".c", ".cu").
+    produce : callable, optional
+        ``produce(source, src_path) -> bytes``: compile in this process (NVRTC) instead of running
+        ``command``, which then only describes the compile (recorded in the entry's sidecar and in
+        errors). Raises :class:`CompileError` itself.
+
+    Every compile is logged at INFO on ``logging.getLogger("asp_gmm")`` with its duration, and one
+    that is still running after :data:`NOTICE_AFTER` seconds prints a one-line notice on stderr
+    (once per process), so a user knows why a first call waits.
 
     Raises
     ------
@@ -280,7 +345,8 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
             return hit
     root, root_st = _compile_root(roots)
     try:
-        return _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix)
+        return _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix,
+                             produce)
     except (CompileError, CacheError):
         raise
     except OSError as exc:      # a sub-folder we cannot write, a full disk...
@@ -292,7 +358,8 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
                            "folder") from None
 
 
-def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix) -> Path:
+def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix,
+                  produce=None) -> Path:
     """Compile ``source`` into its entry under ``root`` (under the entry's lock) and return the binary."""
     dir_mode, file_mode = _modes(root_st)
     folder = root / key[:2]
@@ -314,19 +381,33 @@ def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, 
         fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + stem, suffix=suffix)
         os.close(fd)
         cmd = [str(c) for c in command(str(src_path), tmp)]
+        t0 = time.perf_counter()
+        notice = _Notice(name)
         try:
             try:
-                proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            except OSError as exc:
-                raise CompileError(cmd, f"could not start the compiler: {exc}", str(src_path), name) from None
-            if proc.returncode != 0 or os.path.getsize(tmp) == 0:
-                raise CompileError(cmd, proc.stdout, str(src_path), name)
-            os.chmod(tmp, file_mode)      # the linker creates its output with the umask's mode
-            os.replace(tmp, binary)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+                if produce is not None:
+                    data = produce(source, str(src_path))
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                else:
+                    try:
+                        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                    except OSError as exc:
+                        raise CompileError(cmd, f"could not start the compiler: {exc}", str(src_path), name) from None
+                    if proc.returncode != 0 or os.path.getsize(tmp) == 0:
+                        raise CompileError(cmd, proc.stdout, str(src_path), name)
+                os.chmod(tmp, file_mode)      # the linker creates its output with the umask's mode
+                os.replace(tmp, binary)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+        finally:
+            notice.cancel()
+        seconds = time.perf_counter() - t0
+        compile_log.info("asp_gmm: compiled %s in %.2f s with %s (%s)", name or stem, seconds,
+                         "NVRTC in-process" if produce is not None else os.path.basename(cmd[0]), binary)
+        CompileStats.seconds += seconds
         atomic_write(meta, json.dumps({"sha256": _file_sha256(binary), "command": cmd,
                                        "key_parts": [str(k) for k in key_parts],
                                        "version": __version__, "name": name}, indent=1), file_mode)

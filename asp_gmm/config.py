@@ -24,6 +24,7 @@ SETTINGS = {
     "ASP_GMM_CC": ("`$CC`, else `gcc`", "C compiler command (may carry flags)"),
     "ASP_GMM_NUM_THREADS": ("`$OMP_NUM_THREADS`, else all cores", "CPU threads for large problems"),
     "ASP_GMM_NVCC": ("nvcc on PATH, else /usr/local/cuda/bin/nvcc", "nvcc command (may carry flags)"),
+    "ASP_GMM_NVRTC": ("NVRTC when present", "`0`: compile CUDA with nvcc even where NVRTC (cuda-bindings) is installed"),
     "ASP_GMM_CUDA_DEVICE": ("0", "ordinal of the GPU the CUDA backend uses"),
     "ASP_GMM_CUDA_ESTEP": ("unset (the policy chooses)", "pins the CUDA E-step variant by name"),
     "ASP_GMM_CUDA_SYNC": ("off", "`1`: synchronise after every CUDA launch (debugging)"),
@@ -45,6 +46,7 @@ class Settings:
     cc: str = ""
     num_threads: str = ""
     nvcc: str = ""
+    nvrtc: bool = True
     cuda_device: str = ""
     cuda_estep: str = ""
     cuda_sync: bool = False
@@ -64,7 +66,8 @@ class Settings:
         return cls(
             cache_dir=get("ASP_GMM_CACHE_DIR"), cache_trust=get("ASP_GMM_CACHE_TRUST"), db=get("ASP_GMM_DB"),
             autotune=get("ASP_GMM_AUTOTUNE").lower() not in _FALSE, cc=get("ASP_GMM_CC"),
-            num_threads=get("ASP_GMM_NUM_THREADS"), nvcc=get("ASP_GMM_NVCC"), cuda_device=get("ASP_GMM_CUDA_DEVICE"),
+            num_threads=get("ASP_GMM_NUM_THREADS"), nvcc=get("ASP_GMM_NVCC"),
+            nvrtc=get("ASP_GMM_NVRTC").lower() not in _FALSE, cuda_device=get("ASP_GMM_CUDA_DEVICE"),
             cuda_estep=get("ASP_GMM_CUDA_ESTEP"), cuda_sync=get("ASP_GMM_CUDA_SYNC") not in ("", "0"),
             debug=get("ASP_GMM_DEBUG") not in ("", "0"), env_cc=get("CC"), omp_num_threads=get("OMP_NUM_THREADS"))
 

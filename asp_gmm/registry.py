@@ -25,13 +25,11 @@ import difflib
 import hashlib
 import itertools
 import operator
+import re
 import tomllib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-
-import jinja2
-import jinja2.meta
 
 from .problem import Problem
 
@@ -296,7 +294,10 @@ def _variants_root():
 
 
 @lru_cache(maxsize=None)
-def _environment(backend: str) -> jinja2.Environment:
+def _environment(backend: str):
+    """The Jinja2 environment of ``backend``'s templates (jinja2 is imported here, on the first
+    render: a warm process whose binaries are all cached may never need it)."""
+    import jinja2
     root = _variants_root()
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(root / backend), str(root)]),
@@ -304,18 +305,30 @@ def _environment(backend: str) -> jinja2.Environment:
         keep_trailing_newline=True)
 
 
+#: A template's references to others: {% include/import/extends "name" %} and {% from "name" import %}
+#: (a name that is not a literal cannot be followed, as in jinja2.meta.find_referenced_templates).
+_REFERENCE = re.compile(r"""{%-?\s*(?:include|import|extends|from)\s+(["'])([^"']+)\1""")
+
+
 def _template_closure_sha256(backend: str, template: str) -> str:
-    """sha256 over a template and every template it includes, imports or extends (recursively)."""
-    env = _environment(backend)
+    """sha256 over a template and every template it includes, imports or extends (recursively).
+
+    The references are found by a scan of the template text, not by parsing it with Jinja2 (which
+    cost a quarter of a second per process for every template of every backend)."""
+    root = _variants_root()
+    dirs = [root / backend, root]
     seen, order, todo = set(), [], [template]
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        src = env.loader.get_source(env, name)[0]
+        path = next((d / name for d in dirs if (d / name).is_file()), None)
+        if path is None:
+            raise FileNotFoundError(f"template {name!r} of backend {backend!r} is not under {root}")
+        src = path.read_text()
         order.append((name, src))
-        todo.extend(t for t in jinja2.meta.find_referenced_templates(env.parse(src)) if t)
+        todo.extend(m.group(2) for m in _REFERENCE.finditer(src))
     h = hashlib.sha256()
     for name, src in sorted(order):
         h.update(name.encode() + b"\0" + src.encode() + b"\0")

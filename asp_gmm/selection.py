@@ -85,6 +85,12 @@ class Plan:
     primary: Config
     explore: list = field(default_factory=list)
     reason: str = ""
+    #: Candidates to explore that are not compiled: they compile in the background after the call,
+    #: for later calls to explore (a call never waits for an optional compile).
+    compile_later: list = field(default_factory=list)
+    #: ``primary`` is not compiled: it compiles in the background while the call runs on a compiled
+    #: candidate, and the call switches to it once it is ready.
+    primary_in_background: bool = False
 
 
 #: The answer of :meth:`Policy.choose` (a plan).
@@ -467,17 +473,26 @@ class Policy:
         problem smaller than :attr:`explore_compile_work` explores only what is already compiled
         and runs a compiled candidate rather than compile the planned one (a compile costs more
         than a small problem can win back; larger problems and ``asp-gmm tune`` fill in).
+        Elsewhere a call never waits for an optional compile: it explores only what is compiled
+        (``compile_later`` lists the others, compiled in the background after the call), and a
+        planned configuration not compiled yet is compiled in the background while the call runs
+        on a compiled candidate (``primary_in_background``).
         """
         plan = self.selector.plan(backend, problem, candidates, pinned=pinned)
         explore = list(plan.explore) if tuning else []
+        ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
         if backend.shape_specific_binaries and problem.work < self.explore_compile_work:
-            ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
             explore = [c for c in explore if ready(c)]
             if not pinned and not ready(plan.primary):
                 alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
                 if alt is not None:
                     plan = Plan(alt, [], plan.reason + ", compiled")
-        return Plan(plan.primary, explore, plan.reason)
+            return Plan(plan.primary, explore, plan.reason)
+        # a call never waits for an optional compile: it explores what is compiled, the others
+        # compile after it; a planned configuration not compiled yet compiles in the background
+        later = [c for c in explore if not ready(c)]
+        explore = [c for c in explore if c not in later]
+        return Plan(plan.primary, explore, plan.reason, later, not pinned and not ready(plan.primary))
 
     def record(self, backend, problem: Problem, config: Config, status: str,
                seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1) -> None:

@@ -65,6 +65,13 @@ class TrainResult:
     loglik_trace: list
 
 
+def _start(backend, method: str, *args):
+    """``backend.<method>(*args)`` (a background compile: a Future), or ``None`` for a backend without
+    background compiles (a test double)."""
+    fn = getattr(backend, method, None)
+    return fn(*args) if fn is not None else None
+
+
 class Specializer:
     """Runs EM for the Face on one backend.
 
@@ -129,36 +136,75 @@ class Specializer:
     def train(self, X, weights, means, covars, problem: Problem, reg_covar: float,
               min_iters: int, max_iters: int, tol: float, variant: str | None = None) -> TrainResult:
         t_start = time.perf_counter()
+        backend = self.backend
+        # what every session needs (an EM core...) compiles while the history opens and the plan is made
+        _start(backend, "prepare_async", problem)
         sel = self.policy
         tuning = selection.autotune_enabled()
-        plan = sel.choose(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None,
+        plan = sel.choose(backend, problem, self.candidates(problem, variant), pinned=variant is not None,
                           tuning=tuning)
         explore = list(plan.explore)
-        session = self.backend.open(X, problem)
+        ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+        pending = None      # (config, future) of the planned configuration compiling in the background
+        if plan.primary_in_background:
+            fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
+            if fut is not None:
+                pending = (plan.primary, fut)
+        session = backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
             iters, converged, explored, used = 0, False, [], None
             trace = []
             N = problem.N
+            stand_in = None
+            if pending is not None and not pending[1].done():
+                stand_in = next((c for c in selection.rule_order(backend, self.candidates(problem))
+                                 if c != pending[0] and ready(c)), None)
+
+            def one_iteration(cfg, kernel, record_as_explored):
+                nonlocal iters, converged, used
+                before = session.loglik()
+                run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
+                iters += 1
+                trace.extend(run.loglik_trace[1 if trace else 0:])
+                if record_as_explored:
+                    explored.append(cfg.label)
+                used = cfg
+                if tuning:
+                    sel.record(backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
+                converged = converged_rule(iters, min_iters, change_per_event(run.loglik, before, N), tol)
+
             while explore and iters < max_iters and not converged:
                 cfg = explore.pop(0)
                 kernel = self._kernel(cfg, problem, sel)
                 if kernel is None:
                     continue
-                before = session.loglik()
                 try:
-                    run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
+                    one_iteration(cfg, kernel, True)
                 except KernelError as exc:
-                    sel.record(self.backend, problem, cfg, "launch-failed")
+                    sel.record(backend, problem, cfg, "launch-failed")
                     log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
-                    continue
-                iters += 1
-                trace.extend(run.loglik_trace[1 if trace else 0:])
-                explored.append(cfg.label)
-                used = cfg
-                if tuning:
-                    sel.record(self.backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
-                converged = converged_rule(iters, min_iters, change_per_event(run.loglik, before, N), tol)
+            if stand_in is not None:
+                # iterations on a compiled configuration until the planned one's compile finishes
+                kernel = self._kernel(stand_in, problem, sel)
+                while kernel is not None and not pending[1].done() and iters < max_iters and not converged:
+                    try:
+                        one_iteration(stand_in, kernel, False)
+                    except KernelError as exc:
+                        sel.record(backend, problem, stand_in, "launch-failed")
+                        log.warning("asp_gmm: variant %s failed at run time (%s)", stand_in.label, exc)
+                        break
+                if used is stand_in:
+                    log.info("asp_gmm: %d iteration(s) ran on %s while %s compiled", iters, stand_in.label,
+                             pending[0].label)
+            skip = set()
+            if pending is not None and pending[1].done() and not pending[1].cancelled():
+                exc = pending[1].exception()
+                if isinstance(exc, CompileError):
+                    sel.record(backend, problem, pending[0], "compile-failed")
+                    log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
+                                pending[0].label, exc)
+                    skip.add(pending[0])
             if iters < max_iters and not converged:
                 # the planned configuration, then the other candidates should it fail to compile or
                 # to run (each failure is recorded and never retried for its source)
@@ -166,6 +212,8 @@ class Specializer:
                                                         if c != plan.primary))
                 last_exc = None
                 for cfg in order:
+                    if cfg in skip:
+                        continue
                     kernel = self._kernel(cfg, problem, sel, reraise=variant is not None)
                     if kernel is None:
                         continue
@@ -173,7 +221,7 @@ class Specializer:
                         run = session.em(kernel, min_iters=max(min_iters - iters, 0), max_iters=max_iters - iters, tol=tol,
                                          reg_covar=reg_covar)
                     except KernelError as exc:
-                        sel.record(self.backend, problem, cfg, "launch-failed")
+                        sel.record(backend, problem, cfg, "launch-failed")
                         if variant is not None:
                             raise
                         log.warning("asp_gmm: variant %s failed at run time (%s); trying another", cfg.label, exc)
@@ -184,7 +232,7 @@ class Specializer:
                     converged = run.converged
                     used = cfg
                     if tuning and run.iters:
-                        sel.record(self.backend, problem, cfg, "ok", statistics.median(run.iter_seconds),
+                        sel.record(backend, problem, cfg, "ok", statistics.median(run.iter_seconds),
                                    statistics.median(run.cov_seconds), run.iters)
                     break
                 else:
@@ -196,6 +244,9 @@ class Specializer:
             w, mu, cv = session.params()
         finally:
             session.close()
+        # the candidates to explore compile after the call, not competing with it for the cores
+        for c in plan.compile_later:
+            _start(backend, "kernel_async", c.variant, c.params, problem)
         label = used.label if used is not None else plan.primary.label
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
                            time.perf_counter() - t_start, trace)
@@ -204,9 +255,32 @@ class Specializer:
         """Compile or load every candidate configuration for ``problem`` and the backend's other
         modules; returns how many configurations are ready. A compile failure is recorded as in a
         real call (and not retried)."""
+        return self.prepare_many([problem], variant)
+
+    def prepare_many(self, problems, variant: str | None = None) -> int:
+        """:meth:`prepare` for several problems, every compile started at once on the background
+        pool (one thread per core) and then waited for; returns the configurations ready in all."""
         sel = self.policy
-        ready = sum(self._kernel(cfg, problem, sel) is not None for cfg in self.candidates(problem, variant))
-        self.backend.prepare(problem)
+        jobs = []
+        for p in problems:
+            jobs.append((None, p, _start(self.backend, "prepare_async", p)))
+            for cfg in self.candidates(p, variant):
+                jobs.append((cfg, p, _start(self.backend, "kernel_async", cfg.variant, cfg.params, p)))
+        ready = 0
+        for cfg, p, fut in jobs:
+            if cfg is None:
+                if fut is None:
+                    self.backend.prepare(p)
+                else:
+                    fut.result()
+                continue
+            exc = fut.exception() if fut is not None else None
+            if isinstance(exc, CompileError):
+                sel.record(self.backend, p, cfg, "compile-failed")
+                log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
+                            cfg.label, exc)
+                continue
+            ready += self._kernel(cfg, p, sel) is not None
         return ready
 
     def _kernel(self, cfg: Config, problem: Problem, sel, reraise: bool = False):

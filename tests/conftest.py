@@ -1,6 +1,7 @@
 """Shared fixtures: every test gets a private compile cache and tuning database unless it asks for the
 session-wide compile cache (compiling is the slow part, so most tests share one)."""
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -82,3 +83,25 @@ def reference_estep(g, X):
     from asp_gmm import reference as ref
     return ref.estep(X.astype(np.float64), g.weights.astype(np.float64), g.means.astype(np.float64),
                      g.covars.astype(np.float64), g.cvtype)
+
+
+_NUMBER = re.compile(r"\b\d+(\.\d*)?([eE][-+]?\d+)?[fFuUlL]*\b")
+_COND = re.compile(r"\s*#\s*(?:if|elif)\b(.*)")
+_DEFINE = re.compile(r"\s*#\s*define\s+(\w+)")
+
+
+def code_path(source: str) -> str:
+    """The source with its numbers masked, except in the ``#define`` of every macro that a ``#if`` or
+    ``#elif`` reads: two renderings of a template with the same code path have the same text (the
+    compile tests compile one of them)."""
+    lines = source.splitlines()
+    conds = set()
+    for line in lines:
+        m = _COND.match(line)
+        if m:
+            conds.update(re.findall(r"[A-Za-z_]\w*", m.group(1)))
+    out = []
+    for line in lines:
+        m = _DEFINE.match(line)
+        out.append(line if m and m.group(1) in conds else _NUMBER.sub("#", line))
+    return "\n".join(out)

@@ -360,7 +360,9 @@ def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
 
 def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     """On a backend whose binaries are specific to (D, M), a small problem explores only variants that
-    are already compiled for its shape; a large one explores them all."""
+    are already compiled for its shape and compiles nothing to explore; a large one (and any problem
+    elsewhere) explores the compiled ones too, never waiting, and starts the others compiling in the
+    background for later calls."""
     from asp_gmm import selection
     from asp_gmm.runtime import default_runtime
     from asp_gmm.selection import Config, Plan
@@ -377,11 +379,13 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     monkeypatch.setattr(type(backend), "is_ready", lambda self, v, t, p: v.name != "V1")
     X = make_blobs(rng, 500, 3, 2)
     g = GMM(2, 3, backend="c", dtype=np.float64, seed=0)
+    started = []
+    monkeypatch.setattr(type(backend), "kernel_async", lambda self, v, t, p: started.append(v.name))
     g.train(X, max_em_iters=4, tol=0)
-    assert g.last_train.explored == ["V2"]
+    assert g.last_train.explored == ["V2"] and started == []
     monkeypatch.setattr(selection, "EXPLORE_COMPILE_WORK", 0)
     g.train(X, max_em_iters=4, tol=0)
-    assert [e.split("(")[0] for e in g.last_train.explored] == ["V1", "V2"]
+    assert [e.split("(")[0] for e in g.last_train.explored] == ["V2"] and started == ["V1"]
 
 
 def test_prepare_loads_every_candidate_and_checks_its_arguments():

@@ -1,10 +1,16 @@
-"""Every CUDA template renders and compiles (nvcc -arch=sm_90 --cubin) over a grid of tunables and
-problem sizes. Needs nvcc only (no pycuda, no GPU): CI runs it; a failing template fails the suite.
+"""Every CUDA template renders and compiles for sm_90 (a cubin) over a grid of tunables and problem
+sizes, once per distinct code path. Needs NVRTC (cuda-bindings) or nvcc only (no pycuda, no GPU): CI
+runs it; a failing template fails the suite. tests/test_nvrtc.py checks that NVRTC's cubins have the
+kernels, parameters and shared memory of nvcc's, and compiles through nvcc.
 
 The grid: every CUDA variant at each problem class below with its default tunables (odd D, D = 1,
 M = 1, D large enough to tile the cells and to move the Cholesky factor and the E-step operands out
 of registers and shared memory, float64), and every combination of tunables of the backend's own
-variants at one class. Compiles run in parallel into the session's compile cache.
+variants at one class. Grid points whose rendered sources differ only in numbers (sizes, unrolled
+constants), with the same values of every macro a preprocessor condition reads, take the same code
+path: one of them is compiled (the largest problem, where static sizes are at their largest), so a
+template is compiled once per path rather than once per shape. Compiles run in parallel (NVRTC in
+this process, which releases the GIL) into the session's compile cache.
 """
 import os
 import shutil
@@ -14,12 +20,16 @@ import pytest
 
 from asp_gmm import registry
 from asp_gmm.backends import cuda as cu
+from asp_gmm.backends import nvrtc
 from asp_gmm.errors import CompileError
 from asp_gmm.problem import Problem
+from conftest import code_path
 
 NVCC = cu.nvcc_command()
 HAVE_NVCC = shutil.which(NVCC[0]) is not None or os.path.exists(NVCC[0])
-pytestmark = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc (CUDA toolkit) is not installed")
+HAVE_NVRTC = nvrtc.available()
+pytestmark = pytest.mark.skipif(not (HAVE_NVCC or HAVE_NVRTC),
+                                reason="neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc is here")
 
 ARCH = "sm_90"
 CLASSES = [  # (D, M, cvtype, dtype)
@@ -66,7 +76,29 @@ def _jobs():
     return jobs
 
 
-JOBS = _jobs()
+def _by_path(jobs: dict) -> dict:
+    """One job per (variant, code path): the one with the largest problem."""
+    groups = {}
+    for key, (v, tun, p) in jobs.items():
+        groups.setdefault((v.name, code_path(cu.render_source(v, tun, p))), []).append(key)
+    keep = {}
+    for keys in groups.values():
+        k = max(keys, key=lambda k: (jobs[k][2].D * jobs[k][2].M, jobs[k][2].D, k[3], k[4]))
+        keep[k] = jobs[k]
+    return keep
+
+
+ALL_JOBS = _jobs()
+JOBS = _by_path(ALL_JOBS)
+
+
+def compile_job(v, tun, p, arch=ARCH):
+    """The cubin path of one grid point: through NVRTC where it is installed, else nvcc."""
+    t = v.default_tunables()
+    t.update(tun or {})
+    src = cu.render_source(v, t, p)
+    name = cu.binary_name(v, t, p)
+    return nvrtc.build_cubin(src, arch, name) if HAVE_NVRTC else cu.cubin_path_nvcc(src, arch, name)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +106,7 @@ def compiled():
     def one(item):
         v, tun, p = item
         try:
-            return str(cu.compile_variant(v, tun, p, ARCH))
+            return str(compile_job(v, tun, p))
         except CompileError as exc:
             return exc
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
@@ -92,6 +124,20 @@ def test_template_compiles(key, compiled):
     if isinstance(res, Exception):
         pytest.fail(str(res))
     assert os.path.getsize(res) > 0
+
+
+def test_one_compile_per_code_path():
+    """Every grid point is represented by a compiled point of the same variant and code path, and the
+    masking keeps what selects a path (a preprocessor switch's value, a tunable that changes the text)."""
+    assert len(JOBS) < len(ALL_JOBS)
+    paths = {(k[0], code_path(cu.render_source(*ALL_JOBS[k]))) for k in JOBS}
+    for key, (v, tun, p) in ALL_JOBS.items():
+        assert (v.name, code_path(cu.render_source(v, tun, p))) in paths, key
+    assert code_path("#define CHOL_IN_SHARED 1\n#if CHOL_IN_SHARED\nx[3]\n#endif") != \
+        code_path("#define CHOL_IN_SHARED 0\n#if CHOL_IN_SHARED\nx[3]\n#endif")
+    assert code_path("#define D 19\nfloat x[19];") == code_path("#define D 36\nfloat x[36];")
+    v4 = {k for k in ALL_JOBS if k[0] == "V4"}
+    assert len({code_path(cu.render_source(*ALL_JOBS[k])) for k in v4}) > 1
 
 
 def test_every_own_variant_is_covered():

@@ -163,3 +163,32 @@ def test_sessions_run_the_em_loop_through_every_module(backend, M, cvtype):
     assert {"asp_moments", "asp_means", "asp_factor"} <= set(log)
     be.memory.free_all()
     assert not be.memory._pool and log.count("free") >= allocs - 2
+
+
+def test_a_driver_that_refuses_an_nvrtc_cubin_gets_nvcc_from_then_on(backend, monkeypatch, tmp_path, caplog):
+    """A driver older than the NVRTC that compiled a cubin refuses it: the cubin is rebuilt by nvcc,
+    a warning says why and what to install, and the process compiles with nvcc from then on."""
+    from asp_gmm import runtime
+    from asp_gmm.backends import nvrtc
+    from asp_gmm.backends.cuda import compile as cc
+    if not (nvrtc.available() and cc._nvcc_present()):
+        pytest.skip("needs both NVRTC and nvcc")
+    monkeypatch.setattr(runtime, "_default_runtime", runtime.Runtime())
+    monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
+    be, log = backend
+    dev = be.device
+    real = dev.drv.module_from_buffer
+    seen = []
+
+    def picky(image):
+        seen.append(image)
+        if len(seen) == 1:
+            raise dev.drv.Error("device kernel image is invalid")
+        return real(image)
+    monkeypatch.setattr(dev.drv, "module_from_buffer", picky)
+    assert cc.use_nvrtc()
+    with caplog.at_level("WARNING", logger="asp_gmm"):
+        _, path = cc.load_module(dev, 'extern "C" __global__ void refused(float *x) { x[0] = 2.0f; }\n', "refused")
+    assert len(seen) == 2 and not cc.use_nvrtc() and cc.compiler_version() != nvrtc.version()
+    assert "nvrtc" not in path.with_suffix(".json").read_text()       # rebuilt by nvcc
+    assert any("refused a cubin compiled by NVRTC" in r.getMessage() for r in caplog.records)

@@ -96,6 +96,43 @@ def test_speaker_mapping_is_the_optimal_one():
     assert rttm.speaker_mapping(ref, hyp) == {"h1": "bob", "h2": "alice", "h3": "carol"}
 
 
+def test_der_agrees_with_pyannote_metrics(rng):
+    """rttm.der (NumPy) against pyannote.metrics' DiarizationErrorRate on random diarizations with
+    overlapping speakers, missed and extra speakers, gaps and boundaries near one another."""
+    pytest.importorskip("pyannote.metrics")
+
+    def segs(n, spk):
+        out = []
+        for k in range(spk):
+            t = rng.uniform(0, 3)
+            for _ in range(n):
+                d = rng.uniform(0.05, 4)
+                out.append((round(t, 2), round(d, 2), f"s{k}"))
+                t += d + rng.uniform(0.01, 5)
+        return out
+    for _ in range(60):
+        ref = segs(rng.integers(1, 8), rng.integers(1, 5))
+        hyp = segs(rng.integers(0, 8), rng.integers(1, 6))
+        dur = max(s + d for s, d, _ in ref + hyp) + rng.uniform(0, 3)
+        ours, theirs = rttm.der(ref, hyp, "u", duration=dur), rttm.der_pyannote(ref, hyp, "u", duration=dur)
+        for k in ("der", "missed detection", "false alarm", "confusion", "total", "correct"):
+            assert ours[k] == pytest.approx(theirs[k], abs=1e-9), (k, ref, hyp, dur)
+    assert rttm.der([], [], "u", duration=5.0)["der"] == 0.0
+
+
+def test_max_weight_matching_equals_scipy(rng):
+    from scipy.optimize import linear_sum_assignment
+    for t in range(300):
+        n, m = rng.integers(1, 9), rng.integers(1, 9)
+        w = rng.random((n, m)) * (rng.random((n, m)) < 0.6)
+        if t % 3 == 0:
+            w = np.round(w * 3)          # ties
+        ours = rttm.max_weight_matching(w)
+        r, c = linear_sum_assignment(-w)
+        assert sum(w[i, j] for i, j in ours) == pytest.approx(w[r, c].sum(), abs=1e-12)
+        assert len(ours) == min(n, m) == len({i for i, _ in ours}) == len({j for _, j in ours})
+
+
 def test_der_collar_is_nist_quarter_second():
     ref = [(0.0, 10.0, "a"), (10.0, 10.0, "b")]
     # boundary 0.2 s late: inside the +-0.25 s collar, no error

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -122,6 +126,38 @@ class Session(abc.ABC):
         self.close()
 
 
+_log = logging.getLogger("asp_gmm")
+_pool = None
+_pool_lock = threading.Lock()
+_futures_lock = threading.Lock()
+
+
+def background_pool() -> ThreadPoolExecutor:
+    """The process-wide pool that compiles in the background (one thread per core: gcc runs as a
+    process, NVRTC releases the GIL). Compiles not yet started when the interpreter exits are
+    cancelled (those running finish, so no cache entry is left half-written)."""
+    global _pool
+    if _pool is None:
+        with _pool_lock:
+            if _pool is None:
+                n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+                _pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-bg")
+                register = getattr(threading, "_register_atexit", None)
+                if register is not None:     # runs before the executor's own exit hook joins its threads
+                    register(lambda: _pool.shutdown(wait=False, cancel_futures=True))
+    return _pool
+
+
+def _logged(fn, what):
+    def run():
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - kept in the future; the caller that waits sees it
+            _log.info("asp_gmm: background compile of %s failed: %s", what, str(exc).splitlines()[0] if str(exc) else exc)
+            raise
+    return run
+
+
 class Backend(abc.ABC):
     """A runtime: where kernels are compiled and sessions run."""
 
@@ -183,6 +219,47 @@ class Backend(abc.ABC):
     def prepare(self, problem: Problem) -> None:
         """Load (compiling if needed) what every session for ``problem`` runs besides the covariance
         variant (an EM core, an E-step), so that the first real call does not pay for it."""
+
+    # ------------------------------------------------------------------ in the background
+    def _futures(self) -> dict:
+        f = self.__dict__.get("_bg_futures")
+        if f is None:
+            f = self.__dict__.setdefault("_bg_futures", {})
+        return f
+
+    def _submit(self, key, fn, what) -> Future:
+        futs = self._futures()
+        with _futures_lock:
+            fut = futs.get(key)
+            if fut is None or fut.cancelled():
+                fut = futs[key] = background_pool().submit(_logged(fn, what))
+        return fut
+
+    def wait_background(self, timeout: float | None = None) -> bool:
+        """Wait until this backend's background compiles have finished (failed ones included);
+        ``False`` when ``timeout`` seconds passed first."""
+        import concurrent.futures as cf
+        with _futures_lock:
+            futs = list(self._futures().values())
+        _, pending = cf.wait(futs, timeout=timeout)
+        return not pending
+
+    def prepare_async(self, problem: Problem) -> Future:
+        """Start :meth:`prepare` for ``problem`` in the background (once per problem class); the
+        future's result is ``None``. A caller that needs the result simply calls :meth:`prepare`
+        (it waits on the compile cache's lock, never compiles twice)."""
+        return self._submit(("prepare", self.prepare_key(problem)), lambda: self.prepare(problem),
+                            f"{self.name} modules of {problem}")
+
+    def prepare_key(self, problem: Problem):
+        """What :meth:`prepare`'s work depends on (its binaries' problem class)."""
+        return (problem.D, problem.M, problem.cvtype, problem.dtype)
+
+    def kernel_async(self, variant, tunables: dict | None, problem: Problem) -> Future:
+        """Compile ``variant`` for ``problem`` in the background; the future holds the :class:`Kernel`
+        (or the :class:`~asp_gmm.errors.CompileError`)."""
+        key = ("kernel", variant.key, tuple(sorted((tunables or {}).items())), self.prepare_key(problem))
+        return self._submit(key, lambda: self.kernel(variant, tunables, problem), f"{variant.key} for {problem}")
 
     @abc.abstractmethod
     def open(self, X: np.ndarray, problem: Problem) -> Session:

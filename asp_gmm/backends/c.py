@@ -184,6 +184,9 @@ class CBackend(Backend):
     def prepare(self, problem: Problem) -> None:
         self.core(problem)
 
+    def prepare_key(self, problem: Problem):
+        return (problem.cvtype, problem.dtype)     # binaries serve every N, D, M
+
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         tun = variant.default_tunables()
         tun.update(tunables or {})

@@ -28,7 +28,7 @@ from ... import registry
 from ...errors import BackendUnavailableError, KernelError
 from ...problem import Problem
 from ..base import Backend, Kernel
-from .compile import binary_name, is_cached, load_module, render_source
+from .compile import binary_name, cubin_path, is_cached, load_module, render_source
 from .device import _DEFAULT_LIMITS, _Device, _probe
 from .launch import COV_ARGS, CORE_SIGNATURES, ESTEP_ARGS, Launch, _Module, launches, pluggable
 from .memory import DeviceMemory
@@ -170,11 +170,14 @@ class CudaBackend(Backend):
         mod = self._modules.get(key)
         if mod is not None:
             return mod
+        dev = self.device
+        src = render_source(variant, tun, problem)
+        # compiled outside the lock, so that independent modules compile in parallel threads (the
+        # cache's per-entry file lock keeps two threads from compiling the same one)
+        cubin_path(src, dev.arch, binary_name(variant, tun, problem))
         with self._lock:
             mod = self._modules.get(key)
             if mod is None:
-                dev = self.device
-                src = render_source(variant, tun, problem)
                 m, path = load_module(dev, src, binary_name(variant, tun, problem))
                 with dev.active():
                     funcs = []
@@ -253,8 +256,16 @@ class CudaBackend(Backend):
 
     @_on_binary_problem
     def prepare(self, problem: Problem) -> None:
+        """Load the EM core and the E-step of ``problem``'s class; their cubins, when not cached,
+        compile in parallel."""
+        from .. import nvrtc       # its pool runs leaf work only (never waits on itself): no deadlock
+        other = nvrtc.pool().submit(self.estep, problem)
         self.core(problem)
-        self.estep(problem)
+        other.result()
+
+    @_on_binary_problem
+    def prepare_key(self, problem: Problem):
+        return (problem.D, problem.M, problem.cvtype, problem.dtype)
 
     @_on_binary_problem
     def is_ready(self, variant, tunables, problem: Problem) -> bool:

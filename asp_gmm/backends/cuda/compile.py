@@ -1,5 +1,7 @@
-"""CUDA sources and binaries: render a variant's template for a problem class, compile it with nvcc
-for a GPU architecture, through the content-hashed compile cache (:mod:`asp_gmm.cache`).
+"""CUDA sources and binaries: render a variant's template for a problem class, compile it for a GPU
+architecture, through the content-hashed compile cache (:mod:`asp_gmm.cache`): in this process by
+NVRTC (:mod:`asp_gmm.backends.nvrtc`) where NVIDIA's cuda-bindings is installed, else with nvcc
+(``ASP_GMM_NVRTC=0`` forces nvcc).
 
 Sources depend on D, M, cvtype and dtype (rendered as constants with ``real``, ``cells``, the
 variant's tunables and its ``[derived]`` quantities); N is a run-time argument (rendered as 0), so a
@@ -55,18 +57,50 @@ def _key_parts(arch: str) -> list:
     return [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
 
 
+_REJECTED = "nvrtc-cubin-rejected"   # in Runtime.warned: the driver refused an NVRTC cubin
+
+
+def use_nvrtc() -> bool:
+    """Whether cubins are compiled in-process by NVRTC (cuda-bindings installed, ``ASP_GMM_NVRTC``
+    not 0, and the driver has not refused an NVRTC cubin in this process) rather than by nvcc."""
+    from .. import nvrtc
+    from ...runtime import default_runtime
+    return not nvrtc.disabled() and nvrtc.available() and _REJECTED not in default_runtime().warned
+
+
+def _nvcc_present() -> bool:
+    nv = nvcc_command()
+    return shutil.which(nv[0]) is not None or os.path.exists(nv[0])
+
+
+def compiler_version() -> str:
+    """The compiler that makes this process's cubins (part of the device fingerprint)."""
+    if use_nvrtc():
+        from .. import nvrtc
+        return nvrtc.version()
+    return cache.tool_version(nvcc_command())
+
+
 def cubin_path(source: str, arch: str, name: str) -> Path:
     """Path of the cubin compiled from ``source`` for ``arch`` (e.g. "sm_90"), from the cache
-    (compiled with nvcc into it on a miss; raises :class:`asp_gmm.errors.CompileError`)."""
+    (compiled into it on a miss, by NVRTC in this process where it is installed, else by nvcc;
+    raises :class:`asp_gmm.errors.CompileError`). Thread-safe: independent modules compile in
+    parallel threads, the cache's per-entry lock keeps one source from compiling twice."""
+    if use_nvrtc():
+        from .. import nvrtc
+        return nvrtc.build_cubin(source, arch, name)
+    return cubin_path_nvcc(source, arch, name)
+
+
+def cubin_path_nvcc(source: str, arch: str, name: str) -> Path:
+    """:func:`cubin_path` through nvcc whatever is installed (tests compare the two compilers)."""
     cmd = nvcc_command()
     return cache.build(source, ".cubin", lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
                        _key_parts(arch), name, source_suffix=".cu")
 
 
 def compile_cubin(source: str, arch: str, name: str) -> bytes:
-    """The cubin image of ``source`` compiled for ``arch`` (nvcc through the compile cache).
-
-    This is the one place a CUDA source becomes a binary: another compiler (NVRTC) plugs in here.
+    """The cubin image of ``source`` compiled for ``arch`` (NVRTC or nvcc, through the compile cache).
 
     Parameters
     ----------
@@ -87,6 +121,9 @@ def compile_cubin(source: str, arch: str, name: str) -> bytes:
 
 def is_cached(source: str, arch: str, name: str) -> bool:
     """Whether the cubin of ``source`` for ``arch`` is in the compile cache (nothing is compiled)."""
+    if use_nvrtc():
+        from .. import nvrtc
+        return nvrtc.lookup_cubin(source, arch, name) is not None
     return cache.lookup(source, ".cubin", _key_parts(arch), name, source_suffix=".cu") is not None
 
 
@@ -96,11 +133,20 @@ def load_module(dev, source: str, name: str):
     path = cubin_path(source, dev.arch, name)
     with dev.active():
         try:
-            return dev.drv.module_from_buffer(compile_cubin(source, dev.arch, name)), path
-        except dev.drv.Error:
+            return dev.drv.module_from_buffer(path.read_bytes()), path
+        except dev.drv.Error as exc:
             cache.invalidate(path)
+            if use_nvrtc() and _nvcc_present():
+                # a driver older than the NVRTC that made the cubin: nvcc from now on in this process
+                import logging
+                from ...runtime import default_runtime
+                default_runtime().warned.add(_REJECTED)
+                logging.getLogger("asp_gmm").warning(
+                    "asp_gmm: the CUDA driver refused a cubin compiled by NVRTC (%s); compiling with nvcc from now "
+                    "on (install an nvidia-cuda-nvrtc matching the driver's CUDA version, or set ASP_GMM_NVRTC=0)",
+                    exc)
             path = cubin_path(source, dev.arch, name)
-            return dev.drv.module_from_buffer(compile_cubin(source, dev.arch, name)), path
+            return dev.drv.module_from_buffer(path.read_bytes()), path
 
 
 def compile_variant(variant, tunables, problem: Problem, arch: str = "sm_90") -> Path:

@@ -10,9 +10,8 @@ import os
 import shutil
 from functools import lru_cache
 
-from ... import cache
 from ...errors import BackendUnavailableError
-from .compile import nvcc_command
+from .compile import compiler_version, nvcc_command, use_nvrtc
 
 #: limit context used when no GPU is present (compile-only checks): an H100
 _DEFAULT_LIMITS = {"max_threads": 1024, "smem_per_block": 49152, "smem_optin": 232448, "sm_count": 132, "cc": 90}
@@ -73,7 +72,7 @@ class _Device:
         """The device as the tuning history knows it (model, arch, SMs, memory, driver, nvcc)."""
         return {"backend": "cuda", "model": self.name, "arch": self.arch, "sm_count": self.attrs["sm_count"],
                 "memory": self.memory, "driver": self.drv.get_driver_version(),
-                "compiler": cache.tool_version(nvcc_command())}
+                "compiler": compiler_version()}
 
 
 @lru_cache(maxsize=1)
@@ -91,6 +90,7 @@ def _probe() -> str | None:
     if count == 0:
         return "no CUDA GPU is present"
     nv = nvcc_command()
-    if shutil.which(nv[0]) is None and not os.path.exists(nv[0]):
-        return "nvcc (the CUDA compiler) was not found; install the CUDA toolkit or set ASP_GMM_NVCC"
+    if not use_nvrtc() and shutil.which(nv[0]) is None and not os.path.exists(nv[0]):
+        return ("neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc (the CUDA compiler) was "
+                "found; install one, or set ASP_GMM_NVCC")
     return None
