@@ -50,3 +50,14 @@ class UnsafeCacheError(CacheError, PermissionError):
     """A compile cache folder or entry that another user could have written (writable by group or
     others, or owned by someone else): its binaries are not loaded. The message names the path,
     what is wrong and the fix."""
+
+
+class StreamError(ASPGMMError, ValueError):
+    """A chunk source (a memmap, an h5py/zarr dataset, a callable yielding row chunks) gave data that
+    cannot be trained on: a chunk of the wrong width or type, NaN or infinity (the message names the
+    chunk and the row), no rows at all, or different rows on a later pass."""
+
+
+class SettingError(ASPGMMError, ValueError):
+    """An ``ASP_GMM_*`` environment setting has a value that cannot be used; the message names the
+    setting, the value and what it accepts."""

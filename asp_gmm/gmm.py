@@ -9,7 +9,8 @@ import numbers
 
 import numpy as np
 
-from . import frozen
+from . import frozen, streaming
+from .errors import StreamError
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import Problem
 from .specializer import Specializer
@@ -193,11 +194,38 @@ class GMM:
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
 
+    def _seed_stream(self, X):
+        """``(source, N)`` for a streamed fit; missing parameters seeded as :meth:`_seed` does, from
+        one pass (two for a callable source and random means) over the source."""
+        src = streaming.as_source(X)
+        if src.n_features is not None and src.n_features != self.D:
+            raise StreamError(f"X has {src.n_features} dimensions but the model has D={self.D}; pass data of shape "
+                              f"(N, {self.D}) or build GMM(M, {src.n_features})")
+        if self.means is not None and self.covars is not None and self.weights is not None:
+            return src, src.n_rows or 0
+        n, means, covars = streaming.seed(src, self.M, self.D, self.cvtype, self.dtype, self.reg_covar, self.seed)
+        var = (np.diagonal(covars[0]) if self.cvtype == "full" else covars[0]) - self.reg_covar
+        self._check_variance(var)
+        if self.means is None:
+            self.means = means.astype(self.dtype)
+        if self.covars is None:
+            self.covars = covars.astype(self.dtype)
+            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
+                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
+                                 "drop constant features")
+        if self.weights is None:
+            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
+        return src, n
+
     def _check_scale(self, X64: np.ndarray) -> None:
         """Refuse data whose variance does not fit the working precision (finite float32 data of scale
         1e19 has a variance of 1e38 and more): no covariance of it can be stored."""
         with np.errstate(over="ignore", invalid="ignore"):
             var = X64.var(axis=0)
+        self._check_variance(var)
+
+    def _check_variance(self, var: np.ndarray) -> None:
+        """The check of :meth:`_check_scale` on the per-dimension variances (D,)."""
         top = float(np.max(var)) if var.size else 0.0
         big = float(np.finfo(self.dtype).max)
         if not np.isfinite(top) or top * (1.0 + 1e-6) >= big:
@@ -215,18 +243,26 @@ class GMM:
                 self.covars.astype(np.float64))
 
     # ------------------------------------------------------------------ public API
-    def train(self, X, min_em_iters=1, max_em_iters=10, tol=1e-3):
+    def train(self, X, min_em_iters=1, max_em_iters=10, tol=1e-3, progress=None):
         """Run EM on X; the first call seeds missing parameters, later calls warm-start.
 
         Parameters
         ----------
-        X : array (N, D)
+        X : array (N, D), or a chunk source
+            In memory, or streamed one block at a time (never held whole, see
+            :mod:`asp_gmm.streaming`): a ``numpy.memmap``, an h5py or zarr dataset (any array-like
+            with ``shape`` and row slicing), or a callable returning a new iterable of (n_i, D) row
+            chunks on each call. An in-memory X larger than the device budget
+            (``ASP_GMM_DEVICE_BUDGET``) is streamed too; the results equal the in-memory ones.
         min_em_iters, max_em_iters : int
             EM iterations (M-step then E-step) run: at least ``min_em_iters``, at most
             ``max_em_iters``; in between, stop once the mean per-event log-likelihood changes by
             less than ``tol``. ``min_em_iters > max_em_iters`` is refused, except that
             ``max_em_iters=0`` with the default minimum only evaluates X.
         tol : float
+        progress : bool, optional
+            A progress bar per pass of a streamed fit (tqdm); default ``ASP_GMM_PROGRESS`` (auto: on a
+            terminal, for passes of 10^7 events or more). Each pass is also logged at INFO.
 
         Returns
         -------
@@ -241,14 +277,19 @@ class GMM:
                              "pass min_em_iters <= max_em_iters")
         if not (isinstance(tol, numbers.Real) and tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
-        X = check_data(X, self.D, self.dtype, self.M)
-        self._seed(X)
-        res = self._specializer.train(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar,
-                                      int(min_em_iters), int(max_em_iters), float(tol), self.variant)
+        if streaming.is_source(X):
+            X, N = self._seed_stream(X)
+        else:
+            X = check_data(X, self.D, self.dtype, self.M)
+            self._seed(X)
+            N = X.shape[0]
+        res = self._specializer.train(X, *self._params64(), self._problem(N), self.reg_covar,
+                                      int(min_em_iters), int(max_em_iters), float(tol), self.variant, progress)
+        N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)
         self.means = res.means.astype(self.dtype)
         self.covars = res.covars.astype(self.dtype)
-        self.loglik, self.n_events = res.loglik, X.shape[0]
+        self.loglik, self.n_events = res.loglik, N
         self.n_iter, self.converged, self.last_variant = res.iters, res.converged, res.variant
         self.last_train = res
         return res.loglik
