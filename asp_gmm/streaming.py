@@ -240,14 +240,16 @@ def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarr
     return out
 
 
-def blocks(source: ChunkSource, D: int | None, dtype, block_rows: int, expect_rows: int | None = None):
+def blocks(source: ChunkSource, D: int | None, dtype, block_rows: int, expect_rows: int | None = None,
+           first_chunk: int = 0, first_row: int = 0):
     """Yield ``(start_row, block)`` with every block but the last of exactly ``block_rows`` rows,
-    copied from the source's chunks (validated by :func:`check_chunk`). The block buffer is reused:
-    use each block before asking for the next."""
+    copied from the source's chunks (validated by :func:`check_chunk`; messages count chunks from
+    ``first_chunk`` and rows from ``first_row``, for a source that is part of a larger one). The
+    block buffer is reused: use each block before asking for the next."""
     buf = None
     fill, total, index = 0, 0, -1
     for index, chunk in enumerate(source.chunks()):
-        arr = check_chunk(chunk, index, total, D, dtype)
+        arr = check_chunk(chunk, first_chunk + index, first_row + total, D, dtype)
         if D is None:
             D = arr.shape[1]
         if buf is None:
