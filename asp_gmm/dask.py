@@ -16,6 +16,7 @@ Requires ``dask[array]`` and ``distributed`` (``pip install asp_gmm[dask]``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import os
@@ -191,9 +192,10 @@ def fit(X, M: int, *, cvtype: str = "full", dtype=np.float32, weights=None, mean
     variant : str, optional
         Pin a covariance variant on every worker.
     seed : int, optional
-    client : distributed.Client, optional
+    client : distributed.Client or False, optional
         Default: the current client (``distributed.get_client``) if there is one, else Dask's
-        default scheduler in this process.
+        default scheduler in this process; ``False``: Dask's threaded scheduler in this process even
+        where a client exists.
     split_every : int
         Fan-in of the reduction tree (>= 2).
     progress : bool, optional
@@ -218,12 +220,23 @@ def fit(X, M: int, *, cvtype: str = "full", dtype=np.float32, weights=None, mean
     N, D = int(X.shape[0]), int(X.shape[1])
     if N < M:
         raise DaskInputError(f"X has N={N} events, fewer than the M={M} components; use fewer components or more data")
-    if client is None:
+    local = contextlib.nullcontext()
+    if client is False:
+        client, local = None, dask.config.set(scheduler="threads")
+    elif client is None:
         try:
             from distributed import get_client
             client = get_client()
         except (ImportError, ValueError):
             client = None
+    with local:
+        return _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, max_iters, tol, backend,
+                    variant, seed, client, split_every, progress, callback)
+
+
+def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, max_iters, tol, backend, variant,
+         seed, client, split_every, progress, callback):
+    N, D = int(X.shape[0]), int(X.shape[1])
     t_start = time.perf_counter()
     parts = X.to_delayed().ravel()
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int)
