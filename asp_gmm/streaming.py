@@ -27,8 +27,8 @@ Settings
     Bytes of the source read at a time from an array-like (default 64 MiB; rounded to the dataset's
     own chunking where it has one).
 ``ASP_GMM_BLOCK_BYTES``
-    Bytes of data and posteriors per block handed to the backend (backend default: 2 MiB per thread
-    on C, 64 MiB elsewhere).
+    Bytes of data and posteriors per block handed to the backend (backend default: the last-level
+    cache's size, at least 8 MiB, on C; 64 MiB elsewhere).
 ``ASP_GMM_PROGRESS``
     ``auto`` (default: a progress bar per pass when stderr is a terminal and a pass reads at least
     10^7 events), ``1`` (always, where tqdm is installed) or ``0``.
@@ -51,7 +51,8 @@ from .problem import Problem
 log = logging.getLogger("asp_gmm")
 
 #: Libraries whose arrays live in memory (never streamed because of their type).
-_IN_MEMORY_LIBS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dask")
+_IN_MEMORY_LIBS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dask", "scipy", "pandas", "polars", "pyarrow",
+                   "sparse")
 
 
 # ------------------------------------------------------------------------------ settings
@@ -339,7 +340,7 @@ class SuffStats:
         out.cvtype, out.centre, out.n = self.cvtype, self.centre.copy(), self.n + other.n
         out._sum, out._comp = {}, {}
         for k in self._sum:
-            s, c = self._sum[k].copy(), self._comp[k] + other._comp[k]
+            s, c = self._sum[k].copy(), np.array(self._comp[k] + other._comp[k])
             _neumaier(s, c, other._sum[k])
             out._sum[k], out._comp[k] = s, c
         return out
@@ -348,8 +349,8 @@ class SuffStats:
         """All sums times ``factor`` (online EM's averaging); a new object."""
         out = SuffStats.__new__(SuffStats)
         out.cvtype, out.centre, out.n = self.cvtype, self.centre.copy(), self.n
-        out._sum = {k: v * factor for k, v in self._sum.items()}
-        out._comp = {k: v * factor for k, v in self._comp.items()}
+        out._sum = {k: np.array(v * factor) for k, v in self._sum.items()}
+        out._comp = {k: np.array(v * factor) for k, v in self._comp.items()}
         return out
 
     @property
@@ -581,3 +582,16 @@ def seed(source, M: int, D: int | None, cvtype: str, dtype, reg_covar: float, rn
     else:
         covars = np.repeat((cov + reg_covar)[None], M, axis=0)
     return n, means, covars
+
+
+def source_stats(spec, source, problem: Problem, weights, means, covars, reg_covar: float,
+                 variant: str | None = None) -> SuffStats:
+    """One pass of :func:`pass_stats` over ``source`` through ``spec``'s selected kernels (the online
+    EM of ``GaussianMixture.partial_fit``): the statistics of every row under the given parameters."""
+    source = as_source(source)
+    sp = plan(spec, problem, variant)
+    runner = spec.backend.open_stats(sp.problem, sp.kernel)
+    try:
+        return pass_stats(runner, source, problem, weights, means, covars, reg_covar)
+    finally:
+        runner.close()
