@@ -491,10 +491,11 @@ def pass_stats(runner, source: ChunkSource, problem: Problem, weights, means, co
     """One pass over ``source``: the statistics of every block under the given parameters."""
     runner.set_params(weights, means, covars, reg_covar)
     st = SuffStats(problem.M, problem.D, problem.cvtype, means)
-    for _start, blk in blocks(source, problem.D, problem.np_dtype, runner.problem.N, expect_rows):
-        st.add_block(runner.stats(blk))
+    rows = (blk for _start, blk in blocks(source, problem.D, problem.np_dtype, runner.problem.N, expect_rows))
+    for bs in runner.stats_many(rows):
+        st.add_block(bs)
         if progress is not None:
-            progress.advance(blk.shape[0])
+            progress.advance(bs.n)
     if not math.isfinite(st.loglik):
         raise FloatingPointError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
                                  "components, or scale the data")

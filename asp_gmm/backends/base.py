@@ -271,6 +271,13 @@ class StatsRunner:
                                      "components, or scale the data")
         return stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
 
+    def stats_many(self, blocks):
+        """Yield :meth:`stats` of each block of the iterable ``blocks`` in order (a backend may overlap
+        one block's transfer with the previous one's compute; each block is copied before the next
+        is asked for, so a reused buffer is fine)."""
+        for X in blocks:
+            yield self.stats(X)
+
     def close(self) -> None:
         pass
 

@@ -105,7 +105,7 @@ import numpy as np
 from .. import cache, frozen, registry
 from ..errors import BackendUnavailableError, KernelError, NotPositiveDefiniteError
 from ..problem import Problem
-from .base import Backend, EMRun, Kernel, Session
+from .base import Backend, EMRun, Kernel, Session, block_rows_for
 
 #: Covariance condition limits (squared pivot ratio) by working precision (as the C backend).
 COND_LIMIT = {"float32": 1e10, "float64": 1e15}
@@ -624,6 +624,16 @@ class CudaBackend(Backend):
 
     def open(self, X, problem: Problem) -> "CudaSession":
         return CudaSession(self, X, problem)
+
+    def open_stats(self, problem: Problem, kernel: Kernel | None = None):
+        """Streamed EM: two streams, pinned buffers, the session's kernels per block (cuda_stream.py)."""
+        from .cuda_stream import CudaStatsRunner
+        return CudaStatsRunner(self, problem, kernel)
+
+    def stream_block_rows(self, problem: Problem) -> int:
+        """Blocks of 1 GiB of data and posteriors (``ASP_GMM_BLOCK_BYTES`` overrides): large enough
+        that the launches of a block are a small part of it."""
+        return block_rows_for(problem, default_bytes=1 << 30)
 
 
 _CORE_SIGNATURES = {
