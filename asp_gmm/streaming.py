@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import cuda_arrays
 from . import reference as ref
 from .errors import SettingError, StreamError
 from .problem import Problem
@@ -219,6 +220,8 @@ def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarr
     """Validate chunk ``index`` (0-based) that starts at global row ``start``; return it as a
     C-contiguous ``(n, D)`` array of ``dtype``. Errors name the chunk and the row."""
     where = f"the {_ordinal(index + 1)} chunk of the source (chunk index {index}, from row {start})"
+    if cuda_arrays.is_cuda_array(chunk):   # a CUDA array beyond the device budget: streamed via the host
+        chunk = cuda_arrays.to_host(chunk)
     arr = np.asarray(chunk)
     if arr.dtype.kind != "f":
         raise StreamError(f"{where} has dtype {arr.dtype}; training needs floating-point data: make the source "

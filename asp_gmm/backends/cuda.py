@@ -102,7 +102,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import cache, frozen, registry
+from .. import cache, cuda_arrays, frozen, registry
 from ..errors import BackendUnavailableError, KernelError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, EMRun, Kernel, Session, block_rows_for
@@ -755,6 +755,26 @@ def _upload_transposed(dev, X: np.ndarray, dst, N: int, D: int, ldn: int, transp
             tmp.free()
 
 
+def _transpose_on_device(dev, X, dst, N: int, D: int, ldn: int, transpose_fn):
+    """Transpose the C-contiguous CUDA array X (N, D) (PyTorch, CuPy: ``__cuda_array_interface__``)
+    into dst [D][ldn] on the device, without a copy through the host."""
+    info = cuda_arrays.describe(X)
+    if info["shape"] != (N, D) or not info["contiguous"]:
+        raise KernelError(f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
+                          f"C-contiguous ({N}, {D})")
+    drv = dev.drv
+    with dev.active():
+        total = D * ldn
+        try:
+            drv.Context.synchronize()     # the producer's pending writes to X
+            transpose_fn.prepared_call((-(-total // 256), 1), (256, 1, 1), info["ptr"], int(dst),
+                                       np.int32(N), np.int32(ldn))
+            drv.Context.synchronize()
+        except drv.Error as exc:
+            raise KernelError(f"CUDA kernel asp_transpose on a device array (grid=({-(-total // 256)}, 1), block=256) "
+                              f"failed: {exc}") from None
+
+
 class CudaSession(Session):
     """One data set on the GPU; the EM loop issued from here, kernels on one stream."""
 
@@ -790,8 +810,12 @@ class CudaSession(Session):
                 self.xt = resident[0]
             else:
                 self.xt = b.own_xt()
-                _upload_transposed(self.dev, np.ascontiguousarray(X, dtype=problem.np_dtype), self.xt,
-                                   problem.N, problem.D, b.ldn, self._fn["asp_transpose"])
+                if cuda_arrays.is_cuda_array(X):    # a PyTorch/CuPy array: transposed where it lies
+                    _transpose_on_device(self.dev, cuda_arrays.in_dtype(X, problem.np_dtype), self.xt, problem.N,
+                                         problem.D, b.ldn, self._fn["asp_transpose"])
+                else:
+                    _upload_transposed(self.dev, np.ascontiguousarray(X, dtype=problem.np_dtype), self.xt,
+                                       problem.N, problem.D, b.ldn, self._fn["asp_transpose"])
         except BaseException:
             self.close()
             raise
