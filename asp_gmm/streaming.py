@@ -51,6 +51,9 @@ from .problem import Problem
 
 log = logging.getLogger("asp_gmm")
 
+#: Sessions smaller than this are never streamed unless ASP_GMM_DEVICE_BUDGET is set.
+_NEVER_STREAM_BYTES = 64 << 20
+
 #: Libraries whose arrays live in memory (never streamed because of their type).
 _IN_MEMORY_LIBS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dask", "scipy", "pandas", "polars", "pyarrow",
                    "sparse")
@@ -289,8 +292,11 @@ def wants_stream(X, backend, problem: Problem) -> bool:
     :func:`device_budget` on ``backend``'s device."""
     if is_source(X):
         return True
+    need = backend.session_bytes(problem)
+    if need <= _NEVER_STREAM_BYTES and not os.environ.get("ASP_GMM_DEVICE_BUDGET", "").strip():
+        return False     # small: not worth asking the device (the diarization example trains thousands)
     budget = device_budget(backend)
-    return budget is not None and backend.session_bytes(problem) > budget
+    return budget is not None and need > budget
 
 
 # ------------------------------------------------------------------------------ statistics
