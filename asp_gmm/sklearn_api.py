@@ -69,7 +69,7 @@ try:  # scikit-learn >= 1.2: declarative parameter validation with scikit-learn'
 except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
-from . import streaming
+from . import cuda_arrays, streaming
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
 from .problem import Problem
 
@@ -88,6 +88,8 @@ _ILL_DEFINED = (
 
 
 def _validate_data(est, X, reset, **kw):
+    if cuda_arrays.is_cuda_array(X):    # PyTorch/CuPy CUDA arrays: the drop-in works on a host copy
+        X = cuda_arrays.to_host(X)
     if _sk_validate_data is not None:
         return _sk_validate_data(est, X, reset=reset, **kw)
     return est._validate_data(X, reset=reset, **kw)  # pragma: no cover - scikit-learn < 1.6

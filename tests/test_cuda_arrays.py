@@ -98,3 +98,13 @@ def test_torch_or_cupy_arrays_on_the_gpu(rng):
         bad = X.copy()
         bad[7, 2] = np.nan
         GMM(4, 8, backend="cuda").train(to_dev(bad))
+
+
+def test_the_drop_in_takes_them_through_the_host(rng):
+    pytest.importorskip("sklearn")
+    from asp_gmm import GaussianMixture
+    X = make_blobs(rng, 1000, 4, 3)
+    a = GaussianMixture(3, random_state=0, backend="c").fit(FakeCudaArray(X))
+    b = GaussianMixture(3, random_state=0, backend="c").fit(X)
+    assert a.lower_bound_ == b.lower_bound_
+    np.testing.assert_array_equal(a.predict(FakeCudaArray(X)), b.predict(X))
