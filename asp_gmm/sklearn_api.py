@@ -129,6 +129,51 @@ def _online_mstep(stats, means, covars, reg, cvtype):
     return w, mu, cv.mean(1) + reg
 
 
+def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
+    """k-means initialisation of a streamed fit, as for large in-memory data: a uniform sample of
+    :data:`KMEANS_SUBSAMPLE` events drawn in one pass (reservoir sampling from ``random_state``),
+    k-means (or k-means++ seeding) on it, then every event labelled by its nearest centre and the
+    hard-label parameters computed in a second pass. Returns ``(N, weights, means, covars)``."""
+    k = KMEANS_SUBSAMPLE
+    sample = np.empty((k, D))
+    seen = 0
+    for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
+        n = blk.shape[0]
+        take = min(max(k - seen, 0), n)
+        sample[seen:seen + take] = blk[:take]
+        t = seen + np.arange(take, n)
+        j = (random_state.random_sample(t.shape[0]) * (t + 1)).astype(np.int64)
+        hit = np.nonzero(j < k)[0]
+        sample[j[hit]] = blk[take + hit]      # in row order: a later row replaces an earlier one
+        seen += n
+    if seen < M:
+        raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {seen}")
+    sample = sample[:min(seen, k)]
+    if method == "k-means++":
+        centres, _ = kmeans_plusplus(sample, M, random_state=random_state)
+    else:
+        centres = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(sample).cluster_centers_
+    centres = np.asarray(centres, np.float64)
+    full = cvtype == "full"
+    st = streaming.SuffStats(M, D, cvtype, centres)
+    from .backends.base import BlockStats
+    for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
+        x = blk.astype(np.float64)
+        d2 = (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)
+        lab = np.argmin(d2, axis=1)
+        nk = np.bincount(lab, minlength=M).astype(np.float64)
+        sumx = np.zeros((M, D))
+        np.add.at(sumx, lab, x)
+        s2 = np.zeros((M, D, D) if full else (M, D))
+        for c in np.unique(lab):
+            y = x[lab == c] - centres[c]
+            s2[c] = y.T @ y if full else (y * y).sum(0)
+        st.add_block(BlockStats(x.shape[0], 0.0, nk, sumx, s2))
+    prev = np.repeat((np.eye(D) if full else np.ones(D))[None], M, 0)
+    w, mu, cv = st.mstep(centres, prev, reg)
+    return st.n, w, mu, cv
+
+
 def _dask_seed(adask, X, M, cvtype, dt, reg, seed, backend):
     """``GMM.train``'s seeding of a Dask array: one pass with no iteration."""
     r = adask.fit(X, M, cvtype=cvtype, dtype=dt, reg_covar=reg, seed=seed, backend=backend, min_iters=0, max_iters=0)
@@ -457,10 +502,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             ``numpy.memmap``, an h5py or zarr dataset, a callable returning a new iterable of
             (n_i, D) row chunks on each call; or a ``dask.array`` (distributed EM on the Dask
             workers, :mod:`asp_gmm.dask`). Streamed and Dask fits need "full" or "diag"
-            covariance, run one initialisation, and start (unless ``*_init`` are given) from
-            ``GMM.train``'s seeding: means at events spread evenly through X (random distinct
-            events drawn from ``random_state`` where it is set), the data's covariance, equal
-            weights.
+            covariance and run one initialisation. Unless ``*_init`` are given they start, on a
+            source with ``init_params`` "kmeans" or "k-means++", from k-means on a uniform sample
+            of :data:`KMEANS_SUBSAMPLE` events (as large in-memory data does; two passes), else
+            (Dask arrays, other ``init_params``) from ``GMM.train``'s seeding: means at events
+            spread evenly through X (random distinct events drawn from ``random_state`` where it is
+            set), the data's covariance, equal weights.
 
         Returns
         -------
@@ -514,7 +561,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                            max_iters=1 if self.max_iter else 0, tol=0.0, **kw)
             n = r1.n_events
         else:
-            if w is None or mu is None or cv is None:
+            if (w is None or mu is None or cv is None) and self.init_params in ("kmeans", "k-means++"):
+                n, k_w, k_mu, k_cv = _stream_kmeans_init(src, M, D, cvtype, dt, reg, self.init_params,
+                                                         check_random_state(self.random_state))
+                w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
+            elif w is None or mu is None or cv is None:
                 n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed)
                 w = np.full(M, 1.0 / M) if w is None else w
                 mu = s_mu.astype(np.float64) if mu is None else mu

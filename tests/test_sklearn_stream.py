@@ -36,12 +36,23 @@ def test_fit_on_a_chunk_source_equals_fit_in_memory(cvtype, rng):
 def test_fit_on_a_dask_array_equals_fit_on_a_chunk_source(rng):
     da = pytest.importorskip("dask.array")
     X = make_blobs(rng, 3000, D, M)
-    kw = dict(covariance_type="full", backend="c", max_iter=15, random_state=3)
+    kw = dict(covariance_type="full", backend="c", max_iter=15, random_state=3, init_params="random_from_data")
     h = GaussianMixture(M, **kw).fit(lambda: (X[a:a + 500] for a in range(0, len(X), 500)))
     d = GaussianMixture(M, **kw).fit(da.from_array(X, chunks=(700, D)))
     assert d.n_iter_ == h.n_iter_
     assert d.lower_bound_ == pytest.approx(h.lower_bound_, rel=1e-10)
     np.testing.assert_allclose(d.covariances_, h.covariances_, rtol=0, atol=1e-10 * np.abs(h.covariances_).max())
+
+
+def test_streamed_kmeans_initialisation_reaches_the_in_memory_solution():
+    rng = np.random.default_rng(11)
+    centres = rng.normal(0, 4, (M, D))
+    X = centres[rng.integers(0, M, 30000)] + rng.standard_normal((30000, D))
+    g = GaussianMixture(M, random_state=0, backend="c").fit(X)            # k-means on a 10 000-event sample
+    h = GaussianMixture(M, random_state=0, backend="c").fit(lambda: (X[a:a + 999] for a in range(0, 30000, 999)))
+    assert h.lower_bound_ == pytest.approx(g.lower_bound_, rel=1e-5)
+    order_g, order_h = np.argsort(g.means_[:, 0]), np.argsort(h.means_[:, 0])
+    np.testing.assert_allclose(h.means_[order_h], g.means_[order_g], atol=1e-2)
 
 
 def test_streamed_fit_needs_full_or_diag(rng):
