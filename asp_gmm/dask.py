@@ -29,6 +29,7 @@ import numpy as np
 from . import streaming
 from .errors import ASPGMMError
 from .problem import Problem
+from .reference import precision_cholesky
 
 log = logging.getLogger("asp_gmm")
 
@@ -213,6 +214,13 @@ def fit(X, M: int, *, cvtype: str = "full", dtype=np.float32, weights=None, mean
             raise DaskInputError(f"{name} must be an integer >= {1 if name == 'M' else 2}, got {val!r}")
     if cvtype not in ("full", "diag"):
         raise DaskInputError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+    for name, val in (("min_iters", min_iters), ("max_iters", max_iters)):
+        if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val < 0:
+            raise DaskInputError(f"{name} must be an integer >= 0, got {val!r}")
+    if not (isinstance(tol, numbers.Real) and tol >= 0):
+        raise DaskInputError(f"tol must be a number >= 0, got {tol!r}")
+    if not (isinstance(reg_covar, numbers.Real) and reg_covar >= 0 and np.isfinite(reg_covar)):
+        raise DaskInputError(f"reg_covar must be a finite number >= 0, got {reg_covar!r}")
     dt = np.dtype(dtype)
     if dt not in (np.float32, np.float64):
         raise DaskInputError(f"dtype must be float32 or float64, got {dt}")
@@ -277,7 +285,6 @@ def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, m
     ll, trace, secs, iters, converged = st.loglik, [st.loglik], [sec], 0, False
     while iters < max_iters:
         w, mu, cv = st.mstep(mu, cv, reg_covar)
-        from .reference import precision_cholesky
         precision_cholesky(cv, cvtype, reg_covar)   # NotPositiveDefiniteError here, not on every worker
         st, sec = one_pass(iters + 1, w, mu, cv)
         iters += 1

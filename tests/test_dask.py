@@ -109,6 +109,8 @@ def test_bad_inputs_are_named():
         agd.fit(da.ones((10, 2), dtype=int, chunks=5), 2)
     with pytest.raises(agd.DaskInputError, match="fewer than the M=20"):
         agd.fit(da.ones((10, 2), chunks=5), 20)
+    with pytest.raises(agd.DaskInputError, match="max_iters must be an integer >= 0"):
+        agd.fit(da.ones((10, 2), chunks=5), 2, max_iters=-1)
 
 
 def test_local_scheduler_without_a_cluster_gives_the_same_answer():
