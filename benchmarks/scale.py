@@ -117,6 +117,7 @@ def free_gpu_bytes():
 
 def gpu_part(args, rows):
     from asp_gmm import GMM
+    from asp_gmm.errors import KernelError
     from asp_gmm.backends import get_backend
     be = args.backend
     get_backend(be)
@@ -146,10 +147,12 @@ def gpu_part(args, rows):
                 os.environ["ASP_GMM_DEVICE_BUDGET"] = str(int(0.9 * free))
                 try:
                     m, gm = per_pass(make, X, args.iters)
+                    row.update(in_memory_s=m, in_memory_evs=N / m, pct=100 * m / s, in_memory_variant=gm.last_variant)
+                except (MemoryError, KernelError) as exc:     # the estimate was short of what the session takes
+                    print(f"in memory at N={N} did not fit: {exc}", flush=True)
                 finally:
                     del os.environ["ASP_GMM_DEVICE_BUDGET"]
                     del X
-                row.update(in_memory_s=m, in_memory_evs=N / m, pct=100 * m / s, in_memory_variant=gm.last_variant)
             rows.append(row)
             print(row, flush=True)
     # Flash-GMM's shape
