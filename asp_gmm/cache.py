@@ -41,7 +41,6 @@ import os
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -50,6 +49,7 @@ import platformdirs
 
 from . import __version__
 from .errors import CacheError, CompileError, UnsafeCacheError
+from .runtime import default_runtime
 
 log = logging.getLogger("asp_gmm.cache")
 
@@ -349,8 +349,6 @@ def lookup(source: str, suffix: str, key_parts, name: str = "", source_suffix: s
     return None
 
 
-_fallback_warned: set = set()
-_warn_lock = threading.Lock()
 
 
 def _search_roots() -> list:
@@ -386,9 +384,10 @@ def _compile_root(roots: list) -> tuple:
     if not _writable(private, pst):
         raise CacheError(f"{_describe(primary, origin)} is read-only for you and so is {_describe(private, 'private')}, "
                          "so a binary they lack cannot be compiled; set ASP_GMM_CACHE_DIR to a writable folder")
-    with _warn_lock:
-        if primary not in _fallback_warned:
-            _fallback_warned.add(primary)
+    rt = default_runtime()
+    with rt.lock:
+        if ("cache-fallback", primary) not in rt.warned:
+            rt.warned.add(("cache-fallback", primary))
             msg = (f"asp_gmm: {_describe(primary, origin)} is read-only for you (a shared cache?); binaries it "
                    f"lacks are compiled into {_describe(private, 'private')}")
             log.warning(msg)

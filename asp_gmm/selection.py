@@ -1,5 +1,11 @@
 """Which variant runs a problem: pure policy, no compiling and no running.
 
+:class:`Policy` is the one home of it, passed to the specializer (and held by a backend that
+chooses among E-step variants): it asks a :class:`Selector` for the plan (rules 1-4 below), applies
+the compile-cost gate on exploration (:data:`EXPLORE_COMPILE_WORK`) and chooses the E-step
+(:meth:`Policy.choose_estep`: the fastest measured in the problem's class, else
+:data:`ESTEP_PREFERENCE`).
+
 The specializer hands a :class:`Selector` the problem, the device and the candidate configurations
 (variant + tunables) whose declared limits allow the problem; the selector answers with a
 :class:`Plan`: the configuration for the bulk of the iterations and, optionally, configurations to
@@ -60,11 +66,11 @@ import logging
 import math
 import os
 import threading
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import KernelError
 from .problem import Problem
 from .registry import Variant
 
@@ -97,9 +103,16 @@ class Config:
 
 @dataclass
 class Plan:
+    """What runs a problem: ``primary`` for the bulk of the iterations, ``explore`` one iteration
+    each first, and why (``reason``)."""
+
     primary: Config
     explore: list = field(default_factory=list)
     reason: str = ""
+
+
+#: The answer of :meth:`Policy.choose` (a plan).
+Choice = Plan
 
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
@@ -109,8 +122,19 @@ class Plan:
 #: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
     "c": ["VF", "VD", "V4", "V3", "BLAS", "V2", "V1"],
+    # CUDA: V4 fills the GPU for any M; V3 only for M >= SMs
+    "cuda": ["V5", "V4", "V3", "V2", "V1"],
     "numpy": ["reference"],
 }
+#: E-step variants in order of preference, per backend, used when the history has no E-step timings
+#: for the problem's class (the first one whose limits allow the problem).
+ESTEP_PREFERENCE = {
+    "cuda": ["estep_fast", "estep_tc", "estep"],
+}
+#: Problems with fewer multiply-adds per EM iteration (about N * M * D^2) than this never trigger a
+#: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
+#: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
+EXPLORE_COMPILE_WORK = 1e9
 
 
 def autotune_enabled() -> bool:
@@ -247,10 +271,13 @@ class HistorySelector(Selector):
         The store to read and record into; by default the one at ``$ASP_GMM_DB`` (or the user data
         folder), opened on first use and re-opened when ``ASP_GMM_DB`` changes. When it cannot be
         opened, one warning says why and the fixed rule (:class:`RuleSelector`) decides instead.
+    runtime : asp_gmm.runtime.Runtime, optional
+        Whose shared histories to use without ``history`` (default: the default runtime).
     """
 
-    def __init__(self, history=None):
+    def __init__(self, history=None, runtime=None):
         self._fixed = history
+        self._runtime = runtime     # whose shared history to use (default: the default runtime)
         self._rule = RuleSelector()
         self._lock = threading.RLock()
         self._indexes: dict = {}    # (id(history), device_id) -> _Index
@@ -262,7 +289,15 @@ class HistorySelector(Selector):
         """The :class:`~asp_gmm.tuning_db.History` in use, or ``None`` when it cannot be opened."""
         if self._fixed is not None:
             return self._fixed
-        return _shared_history()
+        return self.runtime.shared_history()
+
+    @property
+    def runtime(self):
+        """The :class:`asp_gmm.runtime.Runtime` whose shared history this selector uses."""
+        if self._runtime is not None:
+            return self._runtime
+        from .runtime import default_runtime
+        return default_runtime()
 
     def _device(self, backend):
         d = self._devices.get(id(backend))
@@ -305,7 +340,7 @@ class HistorySelector(Selector):
             history.maybe_flush()
             idx = self.index(backend, history)
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
-            _disable(history, exc)
+            self.runtime.disable(history, exc)
             return self._rule.plan(backend, problem, candidates, pinned)
         with self._lock:  # another thread's record() may be folding rows into the index
             return self._decide(backend, problem, candidates, idx)
@@ -387,7 +422,7 @@ class HistorySelector(Selector):
             history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
                            problem.dtype, status, seconds, cov_seconds, repeats)
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
-            _disable(history, exc)
+            self.runtime.disable(history, exc)
 
     def flush(self) -> None:
         h = self.history()
@@ -395,66 +430,136 @@ class HistorySelector(Selector):
             h.flush()
 
 
-# one History per URL per process, shared by every HistorySelector without an explicit one
-_histories: dict = {}
-_broken: dict = {}
-_urls: dict = {}        # $ASP_GMM_DB -> URL (default_url() touches the file system)
-_hist_lock = threading.Lock()
-
-
-def _shared_history():
-    env = os.environ.get("ASP_GMM_DB", "")
-    url = _urls.get(env)
-    if url is None:
-        from .tuning_db import default_url
-        url = _urls[env] = default_url()
-    h = _histories.get(url)
-    if h is not None or url in _broken:
-        return h
-    with _hist_lock:
-        h = _histories.get(url)
-        if h is None and url not in _broken:
-            from . import __version__
-            from .tuning_db import History, HistoryError
-            try:
-                h = _histories[url] = History(url, package_version=__version__)
-            except HistoryError as exc:
-                _warn_broken(url, exc)
-    return h
-
-
-def _warn_broken(url, exc):
-    _broken[url] = str(exc)
-    msg = (f"asp_gmm: the tuning history cannot be used, so variants are chosen by the fixed rule and "
-           f"nothing is measured in this process: {exc}")
-    log.warning(msg)
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
-
-
-def _disable(history, exc):
-    """A history that failed mid-run: stop using it for the rest of the process (warn once)."""
-    with _hist_lock:
-        for url, h in list(_histories.items()):
-            if h is history:
-                del _histories[url]
-                _warn_broken(url, exc)
-                return
-    if getattr(history, "_asp_gmm_warned", False) is False:
-        history._asp_gmm_warned = True
-        log.warning("asp_gmm: the tuning history failed (%s); continuing without it", exc)
-
-
-_default: Selector | None = None
-
-
 def default_selector() -> Selector:
-    """The selector the specializer uses unless given one: :class:`HistorySelector`."""
-    global _default
-    if _default is None:
-        _default = HistorySelector()
-    return _default
+    """The selector the specializer uses unless given one: the default runtime's
+    (:class:`HistorySelector`, see :mod:`asp_gmm.runtime`)."""
+    from .runtime import default_runtime
+    return default_runtime().selector
 
 
 def set_default_selector(selector: Selector | None) -> None:
-    global _default
-    _default = selector
+    """Install ``selector`` in the default runtime (``None``: a new HistorySelector on next use)."""
+    from .runtime import default_runtime
+    default_runtime().selector = selector
+
+
+# ---------------------------------------------------------------------------------- the policy
+class Policy:
+    """The one home of selection policy: which configuration runs a problem (exploit, explore,
+    predict: the :class:`Selector`), the compile-cost gate on exploration, and the E-step choice.
+
+    The specializer is given one (or makes one); a backend that chooses among E-step variants asks
+    its policy (:meth:`choose_estep`). Swap it to change the policy; nothing here is global.
+
+    Parameters
+    ----------
+    selector : Selector, optional
+        Plans and records the covariance choice; by default the process's default selector
+        (a :class:`HistorySelector` on the shared history), looked up on each use.
+    explore_compile_work : float, optional
+        Problems of less work than this per iteration (:attr:`Problem.work`) never compile just to
+        explore on backends whose binaries are shape-specific (:data:`EXPLORE_COMPILE_WORK`).
+    estep_preference : dict, optional
+        Backend name -> E-step variant names in order of preference (:data:`ESTEP_PREFERENCE`).
+    """
+
+    def __init__(self, selector: Selector | None = None, explore_compile_work: float | None = None,
+                 estep_preference: dict | None = None):
+        self._selector = selector
+        self._explore_compile_work = explore_compile_work
+        self.estep_preference = dict(ESTEP_PREFERENCE if estep_preference is None else estep_preference)
+
+    @property
+    def explore_compile_work(self) -> float:
+        """The work under which exploring never compiles (:data:`EXPLORE_COMPILE_WORK` unless set)."""
+        w = self._explore_compile_work
+        return EXPLORE_COMPILE_WORK if w is None else w
+
+    @property
+    def selector(self) -> Selector:
+        if self._selector is not None:
+            return self._selector
+        return default_selector()
+
+    # ------------------------------------------------------------------ covariance
+    def choose(self, backend, problem: Problem, candidates: list, pinned: bool = False,
+               tuning: bool = True) -> Plan:
+        """The plan for ``problem`` among ``candidates`` (configurations whose limits allow it).
+
+        With ``tuning`` off nothing is explored. On a backend with shape-specific binaries, a
+        problem smaller than :attr:`explore_compile_work` explores only what is already compiled
+        and runs a compiled candidate rather than compile the planned one (a compile costs more
+        than a small problem can win back; larger problems and ``asp-gmm tune`` fill in).
+        """
+        plan = self.selector.plan(backend, problem, candidates, pinned=pinned)
+        explore = list(plan.explore) if tuning else []
+        if backend.shape_specific_binaries and problem.work < self.explore_compile_work:
+            ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+            explore = [c for c in explore if ready(c)]
+            if not pinned and not ready(plan.primary):
+                alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
+                if alt is not None:
+                    plan = Plan(alt, [], plan.reason + ", compiled")
+        return Plan(plan.primary, explore, plan.reason)
+
+    def record(self, backend, problem: Problem, config: Config, status: str,
+               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1) -> None:
+        """Report a measurement or a failure to the selector (see :meth:`Selector.record`)."""
+        self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats)
+
+    # ------------------------------------------------------------------ E-step
+    def choose_estep(self, backend, problem: Problem, candidates: list, pinned: str | None = None):
+        """``(variant, tunables)`` of the E-step for ``problem``.
+
+        Parameters
+        ----------
+        backend : Backend
+        problem : Problem
+            As the binaries run it (padded, for CUDA).
+        candidates : list of (Variant, dict)
+            Every E-step variant of the backend, with the tunables combinations its limits allow
+            (``[(variant, [tunables, ...])]``, first combination first).
+        pinned : str, optional
+            A variant name that must be used (``ASP_GMM_CUDA_ESTEP``).
+
+        The fastest E-step measured on this device for the problem's class when the history has
+        such timings, else the first candidate in :attr:`estep_preference` order.
+        """
+        usable = [(v, tuns) for v, tuns in candidates if tuns]
+        if pinned:
+            usable = [(v, tuns) for v, tuns in usable if v.name == pinned]
+        if not usable:
+            raise KernelError(f"no {backend.name} E-step variant can run {problem}"
+                                            + (f" (pinned: {pinned})" if pinned else ""))
+        if pinned:
+            return usable[0][0], usable[0][1][0]
+        measured = self._estep_measured(backend, problem, usable)
+        if measured is not None:
+            return measured
+        rank = {n: i for i, n in enumerate(self.estep_preference.get(backend.name, []))}
+        v, tuns = min(usable, key=lambda vt: rank.get(vt[0].name, len(rank)))
+        return v, tuns[0]
+
+    def _estep_measured(self, backend, problem, usable):
+        """The fastest measured E-step configuration among ``usable`` in the problem's class, or
+        None (no history, no timings, or a history that cannot be read)."""
+        sel = self.selector
+        if not isinstance(sel, HistorySelector):
+            return None
+        try:
+            history = sel.history()
+            if history is None:
+                return None
+            idx = sel.index(backend, history)
+        except Exception:  # noqa: BLE001 - a broken history must not break the E-step choice
+            return None
+        measured = idx.classes.get(problem_class(problem), {})
+        if not measured:
+            return None
+        best = None
+        for v, tuns in usable:
+            for tun in tuns:
+                agg = measured.get(sel.vkey(Config.of(v, tun)))
+                if agg is not None and (best is None or agg.median < best[0]):
+                    best = (agg.median, v, tun)
+        return None if best is None else (best[1], best[2])

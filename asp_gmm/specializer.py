@@ -25,11 +25,6 @@ from .selection import Config
 
 log = logging.getLogger("asp_gmm")
 
-#: Problems with fewer multiply-adds per EM iteration (about N * M * D^2) than this never trigger a
-#: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
-#: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
-EXPLORE_COMPILE_WORK = 1e9
-
 
 @dataclass
 class TrainResult:
@@ -72,16 +67,27 @@ class TrainResult:
 
 
 class Specializer:
-    """Runs EM for the Face on one backend."""
+    """Runs EM for the Face on one backend.
 
-    def __init__(self, backend="auto", selector: selection.Selector | None = None):
+    Parameters
+    ----------
+    backend : str or Backend
+    selector : Selector, optional
+        Shorthand for ``policy=Policy(selector)``.
+    policy : asp_gmm.selection.Policy, optional
+        Decides which configuration runs (and explores) each problem; a new
+        :class:`~asp_gmm.selection.Policy` on the default selector when not given.
+    """
+
+    def __init__(self, backend="auto", selector: selection.Selector | None = None,
+                 policy: selection.Policy | None = None):
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
-        self._selector = selector
+        self.policy = policy if policy is not None else selection.Policy(selector)
         self._candidates: dict = {}
 
     @property
     def selector(self) -> selection.Selector:
-        return self._selector or selection.default_selector()
+        return self.policy.selector
 
     def candidates(self, problem: Problem, variant: str | None = None) -> list:
         """Configurations (variant + default tunables) whose limits allow ``problem`` (memoised by the
@@ -128,21 +134,11 @@ class Specializer:
             return streaming.em(self, X, weights, means, covars, problem, reg_covar, min_iters, max_iters, tol,
                                 variant, progress)
         t_start = time.perf_counter()
-        sel = self.selector
+        sel = self.policy
         tuning = selection.autotune_enabled()
-        plan = sel.plan(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None)
-        explore = list(plan.explore) if tuning else []
-        if self.backend.shape_specific_binaries and problem.work < EXPLORE_COMPILE_WORK:
-            # a compile (seconds) costs more than a small problem can ever win back: explore only
-            # what is already compiled for this shape, and run a compiled candidate rather than
-            # compile the planned one; larger problems and `asp-gmm tune` fill in
-            ready = lambda c: self.backend.is_ready(c.variant, c.params, problem)  # noqa: E731
-            explore = [c for c in explore if ready(c)]
-            if variant is None and not ready(plan.primary):
-                alt = next((c for c in selection.rule_order(self.backend, self.candidates(problem))
-                            if ready(c)), None)
-                if alt is not None:
-                    plan = selection.Plan(alt, [], plan.reason + ", compiled")
+        plan = sel.choose(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None,
+                          tuning=tuning)
+        explore = list(plan.explore)
         session = self.backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
@@ -212,7 +208,7 @@ class Specializer:
         """Compile or load every candidate configuration for ``problem`` and the backend's other
         modules; returns how many configurations are ready. A compile failure is recorded as in a
         real call (and not retried)."""
-        sel = self.selector
+        sel = self.policy
         ready = sum(self._kernel(cfg, problem, sel) is not None for cfg in self.candidates(problem, variant))
         self.backend.prepare(problem)
         return ready

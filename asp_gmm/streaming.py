@@ -293,7 +293,8 @@ def wants_stream(X, backend, problem: Problem) -> bool:
     if is_source(X):
         return True
     need = backend.session_bytes(problem)
-    if need <= _NEVER_STREAM_BYTES and not os.environ.get("ASP_GMM_DEVICE_BUDGET", "").strip():
+    fixed = _bytes_setting("ASP_GMM_DEVICE_BUDGET", None)    # (a bad value is reported on every call)
+    if need <= _NEVER_STREAM_BYTES and fixed is None and memory_fraction():
         return False     # small: not worth asking the device (the diarization example trains thousands)
     budget = device_budget(backend)
     return budget is not None and need > budget
@@ -485,10 +486,10 @@ def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
         rows = min(rows, problem.N)
     bp = Problem(int(rows), problem.D, problem.M, problem.cvtype, problem.dtype)
     cands = spec.candidates(bp, variant)
-    p = spec.selector.plan(spec.backend, bp, cands, pinned=variant is not None)
+    p = spec.policy.choose(spec.backend, bp, cands, pinned=variant is not None, tuning=False)
     order = [p.primary] + [c for c in selection.rule_order(spec.backend, cands) if c != p.primary]
     for cfg in order:
-        kernel = spec._kernel(cfg, bp, spec.selector, reraise=variant is not None)
+        kernel = spec._kernel(cfg, bp, spec.policy, reraise=variant is not None)
         if kernel is not None:
             return StreamPlan(bp, cfg, kernel, p.reason)
     from .errors import KernelError

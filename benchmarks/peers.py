@@ -72,14 +72,45 @@ def bench_asp(X, params, cvtype, k1=2, k2=8):
         t0 = time.perf_counter()
         g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
         return time.perf_counter() - t0, g
-    for _ in range(3):                       # the history explores the variants, then exploits
+    for _ in range(12):                      # the history explores the variants, then exploits
         _, g = train(k2)
+        if g.last_train.reason != "explore":
+            break
     best = None
     for _ in range(2):
         (t1, _), (t2, g) = train(k1), train(k2)
         per = (t2 - t1) / (k2 - k1)
         best = per if best is None else min(best, per)
     return dict(iter_ms=1e3 * best, variant=g.last_train.variant, reason=g.last_train.reason)
+
+
+def bench_pinned(X, params, cvtype, pins, k1=2, k2=8):
+    """ms per iteration of each pinned covariance variant with each E-step variant: {"V8+estep_tc": ms}."""
+    from asp_gmm import GMM
+    from asp_gmm.backends import get_backend
+    M, D = params[1].shape
+    Xr = np.ascontiguousarray(X)
+    Xr.setflags(write=False)
+    out = {}
+    for estep in (("estep_fast", "estep_tc") if cvtype == "full" else ("",)):
+        os.environ["ASP_GMM_CUDA_ESTEP"] = estep
+        getattr(get_backend("cuda"), "_estep_pick", {}).clear()
+        for pin in pins:
+            def train(k):
+                g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype,
+                        backend="cuda", reg_covar=REG, variant=pin)
+                t0 = time.perf_counter()
+                g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
+                return time.perf_counter() - t0
+            try:
+                train(k1)
+                out[f"{pin}+{estep}" if estep else pin] = 1e3 * min(
+                    (train(k2) - train(k1)) / (k2 - k1) for _ in range(2))
+            except Exception as exc:  # noqa: BLE001 - a variant that cannot run here is reported
+                out[f"{pin}+{estep}" if estep else pin] = repr(exc)[:60]
+    os.environ.pop("ASP_GMM_CUDA_ESTEP", None)
+    getattr(get_backend("cuda"), "_estep_pick", {}).clear()
+    return out
 
 
 def asp_one_iteration(X, params, cvtype):
@@ -193,8 +224,10 @@ def bench_sklearn(X, params, cvtype, k1=2, k2=6):
     from sklearn.mixture import GaussianMixture
     Xt = torch.as_tensor(X, device="cuda")
     M = params[0].shape[0]
+    as_t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32), device="cuda")  # noqa: E731
     kw = dict(covariance_type=cvtype, tol=0.0, reg_covar=REG, init_params="random",
-              weights_init=params[0], means_init=params[1], precisions_init=_sk_precisions(params, cvtype))
+              weights_init=as_t(params[0]), means_init=as_t(params[1]),
+              precisions_init=as_t(_sk_precisions(params, cvtype)))
 
     def fit(k):
         torch.cuda.synchronize()
@@ -218,6 +251,8 @@ def main(argv=None):
     ap.add_argument("--peers", default="flash,torch,torchgmm,sklearn")
     ap.add_argument("--flash-dir", default=os.environ.get("ASP_GMM_FLASH_DIR", ".peers"))
     ap.add_argument("--no-accuracy", action="store_true")
+    ap.add_argument("--pinned", default="", help="also time these covariance variants pinned, e.g. V5,V8 "
+                    "(full: with each E-step variant), to report selected against best pinned")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "peers.json"))
     a = ap.parse_args(argv)
     os.environ.setdefault("ASP_GMM_DB", "sqlite:///" + os.path.join(tempfile.mkdtemp(), "history.sqlite"))
@@ -239,6 +274,8 @@ def main(argv=None):
         X = well[0] if well else blobs(rng, N, D, M)
         params = start(rng, X, M, cvtype, well)
         r = dict(N=N, D=D, M=M, cvtype=cvtype, asp=attempt(bench_asp, X, params, cvtype))
+        if a.pinned:
+            r["pinned"] = bench_pinned(X, params, cvtype, a.pinned.split(","))
         if "flash" in peers and have_flash:
             r["flash"] = attempt(bench_flash, a.flash_dir, X, params, cvtype)
         if "torch" in peers:
@@ -289,6 +326,16 @@ def print_tables(rows, acc):
         print(f"{r['N']:>8} {r['D']:>4} {r['M']:>5} {r['cvtype']:<4} | {f(r['asp']):>8} "
               f"{str(r['asp'].get('variant', r['asp'].get('error', '')))[:28]:<28} | {f(r.get('flash')):>9} "
               f"{f(r.get('torch')):>8} {f(r.get('torchgmm')):>8} {f(r.get('sklearn')):>8}")
+    pinned = [r for r in rows if r.get("pinned")]
+    if pinned:
+        print("\nselected against pinned (ms per iteration)")
+        for r in pinned:
+            ok = {k: v for k, v in r["pinned"].items() if isinstance(v, float)}
+            best = min(ok, key=ok.get) if ok else None
+            sel = r["asp"].get("iter_ms")
+            print(f"{r['N']:>8} {r['D']:>4} {r['M']:>5} {r['cvtype']:<4} selected {sel if sel is None else round(sel, 2)}"
+                  f" | " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["pinned"].items())
+                  + (f" | selected/best {sel / ok[best]:.2f}" if best and sel else ""))
     if acc:
         print("\none EM iteration against float64 EM, (100000, 36, 128): relative error of the covariances")
         for row in acc:

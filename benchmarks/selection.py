@@ -183,8 +183,7 @@ def overhead(backend_name, calls, log):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 19)).astype(np.float32)
     g = GMM(4, 19, backend=backend_name)
-    from asp_gmm import specializer
-    specializer.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
+    selection.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
     for _ in range(3):
         g.train(X, max_em_iters=3)  # explore, then warm
     # in isolation, on a copy of that history (the train-call measurement below keeps its own)

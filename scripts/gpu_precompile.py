@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
 
-from asp_gmm import registry  # noqa: E402
+from asp_gmm import cache, registry  # noqa: E402
 from asp_gmm.backends import cuda as cu  # noqa: E402
 from asp_gmm.problem import Problem  # noqa: E402
 
@@ -83,7 +83,7 @@ def main():
     a = ap.parse_args()
     todo = jobs()
     t0 = time.time()
-    before = cu.cache.CompileStats.compiles
+    before = cache.CompileStats.compiles
 
     def one(item):
         v, t, p = item
@@ -111,8 +111,8 @@ def main():
             todo[(v.key, D, M, "diag", "float32", tuple(sorted(full.items())))] = (v, full, p)
     with ThreadPoolExecutor(max_workers=a.jobs) as ex:
         errors = [e for e in ex.map(one, todo.values()) if e]
-    print(f"precompile: {len(todo)} binaries, {cu.cache.CompileStats.compiles - before} compiled, "
-          f"{len(errors)} failed, {time.time() - t0:.1f} s, cache {cu.cache.cache_dir()}")
+    print(f"precompile: {len(todo)} binaries, {cache.CompileStats.compiles - before} compiled, "
+          f"{len(errors)} failed, {time.time() - t0:.1f} s, cache {cache.cache_dir()}")
     for e in errors:
         print("FAILED", e[:2000])
     return 1 if errors else 0

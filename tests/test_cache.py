@@ -31,7 +31,8 @@ def _src(i=0):
 def cdir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(d))
-    monkeypatch.setattr(cache, "_fallback_warned", set(), raising=False)
+    from asp_gmm.runtime import default_runtime
+    monkeypatch.setattr(default_runtime(), "warned", set())
     return d
 
 

@@ -145,10 +145,13 @@ def test_bad_data_to_score_predict_eval_names_the_method(method):
 
 
 def test_auto_without_a_c_compiler_warns_once_naming_the_fix(monkeypatch):
-    from asp_gmm import backends
     monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
-    monkeypatch.setattr(backends, "_warned_slow", False)
-    monkeypatch.delitem(backends._instances, "c", raising=False)
+    from asp_gmm import backends
+    from asp_gmm.runtime import default_runtime
+    monkeypatch.setattr(default_runtime(), "warned_slow", False)
+    monkeypatch.delitem(default_runtime().backends, "c", raising=False)
+    real_reason = backends.unavailable_reason   # a GPU machine: hide CUDA so "auto" falls past it
+    monkeypatch.setattr(backends, "unavailable_reason", lambda n: "hidden" if n == "cuda" else real_reason(n))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert GMM(2, 2).backend == "numpy" and GMM(3, 2).backend == "numpy"
@@ -330,6 +333,7 @@ def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
     call with the same result."""
     from asp_gmm import selection
     from asp_gmm.backends import c as cbackend
+    from asp_gmm.runtime import default_runtime
     from asp_gmm.errors import KernelError
 
     recorded = []
@@ -346,7 +350,7 @@ def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
         return real_em(self, kernel, *a, **k)
 
     monkeypatch.setattr(cbackend.CSession, "em", em)
-    monkeypatch.setattr(selection, "_default", Spy())
+    monkeypatch.setattr(default_runtime(), "selector", Spy())
     X = make_blobs(rng, 1000, 4, 3)
     g = GMM(3, 4, backend="c", dtype=np.float64, seed=0)
     ll = g.train(X, max_em_iters=3, tol=0)
@@ -358,7 +362,8 @@ def test_run_time_failure_falls_back_and_is_recorded(rng, monkeypatch):
 def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     """On a backend whose binaries are specific to (D, M), a small problem explores only variants that
     are already compiled for its shape; a large one explores them all."""
-    from asp_gmm import selection, specializer
+    from asp_gmm import selection
+    from asp_gmm.runtime import default_runtime
     from asp_gmm.selection import Config, Plan
 
     backend = get_backend("c")
@@ -368,14 +373,14 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
         def plan(self, backend, problem, candidates, pinned=False):
             return Plan(cands["V4"], [cands["V1"], cands["V2"]], "test")
 
-    monkeypatch.setattr(selection, "_default", Explorer())
+    monkeypatch.setattr(default_runtime(), "selector", Explorer())
     monkeypatch.setattr(type(backend), "shape_specific_binaries", True)
     monkeypatch.setattr(type(backend), "is_ready", lambda self, v, t, p: v.name != "V1")
     X = make_blobs(rng, 500, 3, 2)
     g = GMM(2, 3, backend="c", dtype=np.float64, seed=0)
     g.train(X, max_em_iters=4, tol=0)
     assert g.last_train.explored == ["V2"]
-    monkeypatch.setattr(specializer, "EXPLORE_COMPILE_WORK", 0)
+    monkeypatch.setattr(selection, "EXPLORE_COMPILE_WORK", 0)
     g.train(X, max_em_iters=4, tol=0)
     assert [e.split("(")[0] for e in g.last_train.explored] == ["V1", "V2"]
 

@@ -359,3 +359,25 @@ def test_c_backend_explores_inside_train_and_matches_a_pinned_run(tmp_path, monk
     g2 = GMM(4, 5, backend="c", dtype=np.float64, seed=1)
     g2.train(X, min_em_iters=8, max_em_iters=8, tol=0.0)
     assert g2.last_train.reason == "history" and g2.last_train.explored == []
+
+
+def test_estep_choice_follows_the_preference_until_the_history_has_timings(tmp_path):
+    """The E-step choice lives in the policy: the preference order when nothing is measured for the
+    problem's class, the fastest measured E-step once the history has timings for it."""
+    from asp_gmm.selection import Policy
+    be = FakeBackend()
+    fast, slow = fake_variant("estep_fast"), fake_variant("estep")
+    cands = [(slow, [{}]), (fast, [{}])]
+    p = Problem(10_000, 4, 3, "full", "float32")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    policy = Policy(HistorySelector(h), estep_preference={be.name: ["estep_fast", "estep"]})
+    assert policy.choose_estep(be, p, cands)[0] is fast
+    assert policy.choose_estep(be, p, cands, pinned="estep")[0] is slow
+    policy.record(be, p, Config.of(slow), "ok", 1e-3)
+    policy.record(be, p, Config.of(fast), "ok", 5e-3)
+    h.flush()
+    assert policy.choose_estep(be, p, cands)[0] is slow
+    far = Problem(10_000, 40, 3, "full", "float32")           # another class: nothing measured
+    assert policy.choose_estep(be, far, cands)[0] is fast
+    with pytest.raises(KernelError, match="E-step"):
+        policy.choose_estep(be, p, [(fast, [])])

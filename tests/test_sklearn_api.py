@@ -343,9 +343,9 @@ def test_score_averages_in_the_working_precision_as_sklearn(cvtype):
 
 
 def test_auto_without_a_c_compiler_warns_once(monkeypatch, rng):
-    from asp_gmm import backends
     monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
-    monkeypatch.setattr(backends, "_warned_slow", False)
+    from asp_gmm.runtime import default_runtime
+    monkeypatch.setattr(default_runtime(), "warned_slow", False)
     X = make_blobs(rng, 200, 2, 2)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

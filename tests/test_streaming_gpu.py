@@ -1,4 +1,4 @@
-"""Streamed EM on the GPU (asp_gmm/backends/cuda_stream.py): the same answers as in memory, blocks
+"""Streamed EM on the GPU (asp_gmm/backends/cuda/stream.py): the same answers as in memory, blocks
 of every size through two streams; skipped without a GPU (the lead runs them on the H100)."""
 import numpy as np
 import pytest

@@ -7,7 +7,8 @@ Writing
     :meth:`History.record` queues a row in memory and makes it visible to :meth:`History.view` at
     once; rows reach the database in batches: when the queue holds ``batch_rows`` rows, when the
     last write is more than ``flush_interval`` seconds old (checked on every record and by the
-    selector on every plan), on :meth:`History.flush`, and at interpreter exit (``atexit``). One
+    selector on every plan), on :meth:`History.flush`, and at interpreter exit (an ``atexit`` hook
+    registered when the first history opens). One
     batch is one transaction, so a small ``train`` called thousands of times costs one commit per
     second, not one per call. A process killed outright loses at most its unflushed queue; what was
     committed stays (SQLite: WAL journal, ``synchronous=NORMAL``).
@@ -137,29 +138,46 @@ class DeviceView:
         return True
 
 
-_open_histories: "weakref.WeakSet[History]" = weakref.WeakSet()
+class _OpenHistories:
+    """The histories open in this process, flushed at interpreter exit and reset in a forked child.
+
+    One instance is made when the first :class:`History` opens (:func:`_registry`); only then are
+    the exit and fork hooks registered, so importing this module has no side effect.
+    """
+
+    def __init__(self):
+        self.histories: "weakref.WeakSet[History]" = weakref.WeakSet()
+        atexit.register(self.flush_all_at_exit)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self.after_fork_in_child)
+
+    def flush_all_at_exit(self):  # pragma: no cover - exercised by the subprocess tests
+        for h in list(self.histories):
+            try:
+                h.flush()
+            except Exception as exc:  # noqa: BLE001 - never raise at exit; say what was lost
+                log.warning("asp_gmm: could not save %d timing(s) to %s at exit: %s", len(h._pending), h.where,
+                            exc)
+
+    def after_fork_in_child(self):  # pragma: no cover - exercised by multiprocessing users
+        for h in list(self.histories):
+            h._pending.clear()            # the parent writes its own queue
+            h._engine.dispose(close=False)  # never share the parent's connections
+            h._lock = threading.RLock()
 
 
-def _flush_all_at_exit():  # pragma: no cover - exercised by the subprocess tests
-    for h in list(_open_histories):
-        try:
-            h.flush()
-        except Exception as exc:  # noqa: BLE001 - never raise at exit; say what was lost
-            log.warning("asp_gmm: could not save %d timing(s) to %s at exit: %s", len(h._pending), h.where, exc)
+_registry_instance: _OpenHistories | None = None
+_registry_lock = threading.Lock()
 
 
-atexit.register(_flush_all_at_exit)
-
-
-def _after_fork_in_child():  # pragma: no cover - exercised by multiprocessing users
-    for h in list(_open_histories):
-        h._pending.clear()            # the parent writes its own queue
-        h._engine.dispose(close=False)  # never share the parent's connections
-        h._lock = threading.RLock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def _registry() -> _OpenHistories:
+    """The process's :class:`_OpenHistories`, made (and its hooks registered) on first use."""
+    global _registry_instance
+    if _registry_instance is None:
+        with _registry_lock:
+            if _registry_instance is None:
+                _registry_instance = _OpenHistories()
+    return _registry_instance
 
 
 class History:
@@ -208,7 +226,7 @@ class History:
         self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
         self._engine = self._make_engine(u)
         self._open()
-        _open_histories.add(self)
+        _registry().histories.add(self)
 
     # ------------------------------------------------------------------ opening
     def _make_engine(self, u):
@@ -685,7 +703,7 @@ class History:
         """Flush and release the connections."""
         self.flush()
         self._engine.dispose()
-        _open_histories.discard(self)
+        _registry().histories.discard(self)
 
 
 class _WriteTx:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
 import warnings
 
 from ..errors import BackendUnavailableError
+from ..runtime import default_runtime
 
 log = logging.getLogger("asp_gmm")
 
@@ -19,8 +19,6 @@ _BACKENDS = {
     "c": ("asp_gmm.backends.c", "CBackend"),
     "numpy": ("asp_gmm.backends.numpy_ref", "NumpyBackend"),
 }
-_instances: dict = {}
-_lock = threading.Lock()
 
 
 def backend_class(name: str):
@@ -46,39 +44,38 @@ def available() -> list:
     return [n for n in _BACKENDS if unavailable_reason(n) is None]
 
 
-def get_backend(name: str = "auto"):
-    """The (process-wide) backend instance for ``name``; "auto" picks cuda, then c, then numpy."""
+def get_backend(name: str = "auto", runtime=None):
+    """The backend instance for ``name`` (one per runtime, by default the process's
+    :func:`~asp_gmm.runtime.default_runtime`); "auto" picks cuda, then c, then numpy."""
+    rt = runtime or default_runtime()
     if name == "auto":
         for n in _BACKENDS:
             if unavailable_reason(n) is None:
-                note_auto_choice(n)
-                return get_backend(n)
+                note_auto_choice(n, rt)
+                return get_backend(n, rt)
         raise BackendUnavailableError("no backend can run here")  # pragma: no cover - numpy always can
-    inst = _instances.get(name)
+    inst = rt.backends.get(name)
     if inst is None:
-        with _lock:
-            inst = _instances.get(name)
+        with rt.lock:
+            inst = rt.backends.get(name)
             if inst is None:
                 reason = unavailable_reason(name)
                 if reason:
                     raise BackendUnavailableError(f"backend {name!r} is not available: {reason}")
-                inst = _instances[name] = backend_class(name)()
+                inst = rt.backends[name] = backend_class(name)()
     return inst
 
 
-_warned_slow = False
-
-
-def note_auto_choice(name: str) -> None:
+def note_auto_choice(name: str, runtime=None) -> None:
     """Called with the backend ``backend="auto"`` settled on: when that is the NumPy reference because
-    no C compiler was found, say so once per process (a RuntimeWarning and the log), with the fix."""
-    global _warned_slow
-    if name != "numpy" or _warned_slow:
+    no C compiler was found, say so once per runtime (a RuntimeWarning and the log), with the fix."""
+    rt = runtime or default_runtime()
+    if name != "numpy" or rt.warned_slow:
         return
     reason = unavailable_reason("c")
     if reason is None:
         return
-    _warned_slow = True
+    rt.warned_slow = True
     msg = (f"asp_gmm: backend='auto' is running the NumPy reference backend, which is slow (no compiled code), "
            f"because {reason}. Pass backend='numpy' to choose it deliberately.")
     log.warning(msg)

@@ -1,4 +1,5 @@
-"""Streamed EM on the GPU: the CUDA backend's :class:`~asp_gmm.backends.base.StatsRunner`.
+"""Streamed EM on the GPU: the CUDA backend's :class:`~asp_gmm.backends.base.StatsRunner`
+(:meth:`CudaBackend.open_stats <asp_gmm.backends.cuda.backend.CudaBackend.open_stats>`).
 
 One CUDA session of ``problem.N`` events (the block capacity) stays allocated for the whole fit;
 every block goes through it with the session's own kernels:
@@ -27,9 +28,9 @@ import os
 
 import numpy as np
 
-from ..errors import KernelError
-from ..problem import Problem
-from .base import BlockStats, StatsRunner
+from ...errors import KernelError
+from ...problem import Problem
+from ..base import BlockStats, StatsRunner
 
 _TINY_COUNT = 10.0 * np.finfo(np.float64).eps
 _EMPTY = 1e-6
@@ -42,8 +43,7 @@ class CudaStatsRunner(StatsRunner):
         super().__init__(backend, problem, kernel)
         if kernel is None:
             raise ValueError("the CUDA backend computes block statistics with a covariance variant; pass its kernel")
-        from .cuda import CudaSession
-        self.session = CudaSession(backend, np.zeros((problem.N, problem.D), problem.np_dtype), problem)
+        self.session = backend.open(np.zeros((problem.N, problem.D), problem.np_dtype), problem)
         ses = self.session
         self.drv = drv = ses.drv
         self.mod = kernel.handle

@@ -1,0 +1,116 @@
+"""CUDA sources and binaries: render a variant's template for a problem class, compile it with nvcc
+for a GPU architecture, through the content-hashed compile cache (:mod:`asp_gmm.cache`).
+
+Sources depend on D, M, cvtype and dtype (rendered as constants with ``real``, ``cells``, the
+variant's tunables and its ``[derived]`` quantities); N is a run-time argument (rendered as 0), so a
+binary serves every N of its class. Nothing here needs pycuda or a GPU.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from ... import cache, registry
+from ...problem import Problem
+from ..base import Kernel
+
+#: Covariance condition limits (squared pivot ratio) by working precision (as the C backend).
+COND_LIMIT = {"float32": 1e10, "float64": 1e15}
+NVCC_FLAGS = ["--cubin", "-O3", "--use_fast_math", "-std=c++17"]
+
+
+def nvcc_command() -> list:
+    """The nvcc command: ``$ASP_GMM_NVCC``, else nvcc on PATH, else the toolkit's default place."""
+    env = os.environ.get("ASP_GMM_NVCC")
+    if env:
+        return env.split()
+    found = shutil.which("nvcc")
+    if found:
+        return [found]
+    for p in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
+        if os.path.exists(p):
+            return [p]
+    return ["nvcc"]
+
+
+def _class_problem(problem: Problem) -> Problem:
+    """Sources depend on D, M, cvtype and dtype; N is a run-time argument (rendered as 0)."""
+    return Problem(0, problem.D, problem.M, problem.cvtype, problem.dtype)
+
+
+def render_source(variant: registry.Variant, tunables: dict | None, problem: Problem) -> str:
+    """The CUDA source of ``variant`` for ``problem``'s class (no pycuda, no GPU needed)."""
+    real = "float" if problem.dtype == "float32" else "double"
+    src = registry.render(variant, tunables, _class_problem(problem), real=real,
+                          cond_limit=COND_LIMIT[problem.dtype])
+    # the launch description is part of what a binary means: keep it in the cached source
+    launches = variant.extra.get("launch", [])
+    return src + f"\n/* asp_gmm launch: {launches!r} scratch: {variant.extra.get('scratch', '')!r} */\n"
+
+
+def _key_parts(arch: str) -> list:
+    cmd = nvcc_command()
+    return [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
+
+
+def cubin_path(source: str, arch: str, name: str) -> Path:
+    """Path of the cubin compiled from ``source`` for ``arch`` (e.g. "sm_90"), from the cache
+    (compiled with nvcc into it on a miss; raises :class:`asp_gmm.errors.CompileError`)."""
+    cmd = nvcc_command()
+    return cache.build(source, ".cubin", lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
+                       _key_parts(arch), name, source_suffix=".cu")
+
+
+def compile_cubin(source: str, arch: str, name: str) -> bytes:
+    """The cubin image of ``source`` compiled for ``arch`` (nvcc through the compile cache).
+
+    This is the one place a CUDA source becomes a binary: another compiler (NVRTC) plugs in here.
+
+    Parameters
+    ----------
+    source : str
+        CUDA C++ source (a rendered template).
+    arch : str
+        Target architecture, e.g. ``"sm_90"``.
+    name : str
+        Human-readable name of the binary in the cache (not part of the key).
+
+    Returns
+    -------
+    bytes
+        The cubin, ready for ``cuModuleLoadData``.
+    """
+    return cubin_path(source, arch, name).read_bytes()
+
+
+def is_cached(source: str, arch: str, name: str) -> bool:
+    """Whether the cubin of ``source`` for ``arch`` is in the compile cache (nothing is compiled)."""
+    return cache.lookup(source, ".cubin", _key_parts(arch), name, source_suffix=".cu") is not None
+
+
+def load_module(dev, source: str, name: str):
+    """``(pycuda module, cubin path)`` of ``source`` on device ``dev`` (a cached cubin the driver
+    rejects is rebuilt once)."""
+    path = cubin_path(source, dev.arch, name)
+    with dev.active():
+        try:
+            return dev.drv.module_from_buffer(compile_cubin(source, dev.arch, name)), path
+        except dev.drv.Error:
+            cache.invalidate(path)
+            path = cubin_path(source, dev.arch, name)
+            return dev.drv.module_from_buffer(compile_cubin(source, dev.arch, name)), path
+
+
+def compile_variant(variant, tunables, problem: Problem, arch: str = "sm_90") -> Path:
+    """Render and compile one variant (compile-only checks; no GPU needed); the cubin's path."""
+    tun = variant.default_tunables()
+    tun.update(tunables or {})
+    src = render_source(variant, tun, problem)
+    return cubin_path(src, arch, binary_name(variant, tun, problem))
+
+
+def binary_name(variant, tun, problem) -> str:
+    """The cache name of ``variant``'s binary for ``problem``'s class (labels the cache entry)."""
+    label = Kernel(variant, tun).label
+    return f"cuda-{label}-D{problem.D}-M{problem.M}-{problem.cvtype}-{problem.dtype}"

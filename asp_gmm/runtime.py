@@ -1,0 +1,127 @@
+"""The process's asp_gmm state, in one explicit object: :class:`Runtime`.
+
+What used to be module-level mutable state lives here: the default selector, the shared tuning
+histories (one per URL), the URLs found broken (warned once, then the fixed rule decides), the
+backend instances and the one-time warning about the slow NumPy fallback. One default instance is
+created lazily on first use (:func:`default_runtime`); tests and applications can make their own
+and install it (:func:`set_default_runtime`) or pass a selector or policy explicitly.
+
+Importing asp_gmm creates none of this and registers no hook; the history registers its exit and
+fork hooks when the first history is opened.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+
+log = logging.getLogger("asp_gmm")
+
+
+class Runtime:
+    """Process state of asp_gmm (thread-safe).
+
+    Attributes
+    ----------
+    backends : dict
+        Backend name -> the instance :func:`asp_gmm.backends.get_backend` hands out.
+    histories : dict
+        Database URL -> the shared :class:`~asp_gmm.tuning_db.History` of every
+        :class:`~asp_gmm.selection.HistorySelector` made without one.
+    broken : dict
+        Database URL -> why it cannot be used (not retried in this runtime).
+    warned_slow : bool
+        Whether the "backend='auto' fell back to NumPy" warning was given.
+    warned : set
+        Other things warned about once (e.g. ``("cache-fallback", folder)``: a read-only cache).
+    """
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.backends: dict = {}
+        self.histories: dict = {}
+        self.broken: dict = {}
+        self._urls: dict = {}      # $ASP_GMM_DB -> URL (default_url() touches the file system)
+        self._selector = None
+        self.warned_slow = False
+        self.warned: set = set()
+
+    # ------------------------------------------------------------------ selection
+    @property
+    def selector(self):
+        """The selector specializers use unless given one (a HistorySelector, made on first use)."""
+        if self._selector is None:
+            with self.lock:
+                if self._selector is None:
+                    from .selection import HistorySelector
+                    self._selector = HistorySelector(runtime=self)
+        return self._selector
+
+    @selector.setter
+    def selector(self, selector) -> None:
+        self._selector = selector
+
+    # ------------------------------------------------------------------ histories
+    def shared_history(self):
+        """The History at ``$ASP_GMM_DB`` (or the default place), opened on first use; ``None``
+        when it cannot be opened (one warning says why)."""
+        env = os.environ.get("ASP_GMM_DB", "")
+        url = self._urls.get(env)
+        if url is None:
+            from .tuning_db import default_url
+            url = self._urls[env] = default_url()
+        h = self.histories.get(url)
+        if h is not None or url in self.broken:
+            return h
+        with self.lock:
+            h = self.histories.get(url)
+            if h is None and url not in self.broken:
+                from . import __version__
+                from .tuning_db import History, HistoryError
+                try:
+                    h = self.histories[url] = History(url, package_version=__version__)
+                except HistoryError as exc:
+                    self._warn_broken(url, exc)
+        return h
+
+    def _warn_broken(self, url, exc):
+        self.broken[url] = str(exc)
+        msg = (f"asp_gmm: the tuning history cannot be used, so variants are chosen by the fixed rule and "
+               f"nothing is measured in this process: {exc}")
+        log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=5)
+
+    def disable(self, history, exc) -> None:
+        """A history that failed mid-run: stop using it in this runtime (warn once)."""
+        with self.lock:
+            for url, h in list(self.histories.items()):
+                if h is history:
+                    del self.histories[url]
+                    self._warn_broken(url, exc)
+                    return
+        if getattr(history, "_asp_gmm_warned", False) is False:
+            history._asp_gmm_warned = True
+            log.warning("asp_gmm: the tuning history failed (%s); continuing without it", exc)
+
+
+_default_runtime: Runtime | None = None
+_default_lock = threading.Lock()
+
+
+def default_runtime() -> Runtime:
+    """The process's default :class:`Runtime`, created on first use."""
+    global _default_runtime
+    rt = _default_runtime
+    if rt is None:
+        with _default_lock:
+            if _default_runtime is None:
+                _default_runtime = Runtime()
+            rt = _default_runtime
+    return rt
+
+
+def set_default_runtime(runtime: Runtime | None) -> None:
+    """Install ``runtime`` as the default (``None``: a fresh one is made on next use)."""
+    global _default_runtime
+    _default_runtime = runtime

@@ -1,0 +1,78 @@
+"""Process state lives in asp_gmm.runtime.Runtime, made on first use: importing the package has no
+side effect (no exit or fork hook, no file, no runtime)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import atexit, os, sys
+hooks = []   # the project's hooks (the standard library and dependencies register their own)
+def ours(f):
+    name = getattr(f, "__module__", "") or ""
+    return name.split(".")[0] in ("asp_gmm", "tuning_db")
+real_register, real_fork = atexit.register, getattr(os, "register_at_fork", None)
+def register(f, *a, **k):
+    if ours(f):
+        hooks.append(f.__qualname__)
+    return real_register(f, *a, **k)
+def register_at_fork(**k):
+    hooks.extend("fork:" + f.__qualname__ for f in k.values() if ours(f))
+    return real_fork(**k)
+atexit.register = register
+if real_fork is not None:
+    os.register_at_fork = register_at_fork
+import asp_gmm
+import asp_gmm.backends, asp_gmm.backends.c, asp_gmm.backends.cuda, asp_gmm.backends.numpy_ref
+import asp_gmm.selection, asp_gmm.specializer, asp_gmm.tuning_db, asp_gmm.runtime, asp_gmm.cli
+import asp_gmm.autotune
+assert not hooks, f"hooks registered at import: {hooks}"
+assert asp_gmm.runtime._default_runtime is None, "a runtime was created at import"
+if sys.argv[1] == "use":
+    # first use: the history opens and only now registers its exit hook
+    import numpy as np
+    X = np.random.default_rng(0).standard_normal((300, 2))
+    asp_gmm.GMM(2, 2, backend="numpy").train(X, max_em_iters=2)
+    asp_gmm.selection.default_selector().history()
+    assert asp_gmm.runtime._default_runtime is not None
+    assert any("flush_all_at_exit" in h for h in hooks), hooks
+print("ok")
+"""
+
+
+def _run(tmp_path, mode):
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ASP_GMM_", "XDG_"))}
+    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / "cache"), XDG_DATA_HOME=str(home / "data"),
+               XDG_CONFIG_HOME=str(home / "config"), PYTHONPATH=str(ROOT),
+               ASP_GMM_DB=f"sqlite:///{home / 'db' / 'h.sqlite'}")
+    r = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=home, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+    return sorted(p.relative_to(home).as_posix() for p in home.rglob("*"))
+
+
+def test_importing_asp_gmm_registers_no_hook_and_creates_no_file(tmp_path):
+    assert _run(tmp_path, "import") == []
+
+
+def test_the_history_registers_its_exit_hook_when_it_opens(tmp_path):
+    assert "db/h.sqlite" in _run(tmp_path, "use")
+
+
+def test_a_runtime_holds_its_own_backends_selector_and_histories(tmp_path, monkeypatch):
+    from asp_gmm.backends import get_backend
+    from asp_gmm.runtime import Runtime, default_runtime
+    from asp_gmm.selection import HistorySelector
+    rt = Runtime()
+    be = get_backend("numpy", rt)
+    assert rt.backends == {"numpy": be} and get_backend("numpy", rt) is be
+    assert default_runtime().backends.get("numpy") is not be
+    assert isinstance(rt.selector, HistorySelector) and rt.selector is not default_runtime().selector
+    monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{tmp_path / 'mine.sqlite'}")
+    h = rt.selector.history()
+    assert h is not None and list(rt.histories.values()) == [h]
+    assert h not in default_runtime().histories.values()
