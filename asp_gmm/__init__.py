@@ -6,11 +6,17 @@
 Under ``train`` a specializer picks a code variant for the problem and device, renders its Jinja2
 template to C or CUDA, compiles it and caches it, and runs the whole EM loop in compiled code.
 """
-__version__ = "0.1.0"
+from importlib import metadata as _metadata
+
+try:
+    #: The installed distribution's version (setup.cfg's ``version`` is the one place it is written).
+    __version__ = _metadata.version("asp_gmm")
+except _metadata.PackageNotFoundError:   # running from a checkout that was never installed
+    __version__ = "0+unknown"
 
 import importlib.util as _importlib_util  # noqa: E402
 
-from .errors import CompileError, NotPositiveDefiniteError  # noqa: E402,F401
+from .errors import ASPGMMError, CompileError, NonFiniteError, NotPositiveDefiniteError  # noqa: E402,F401
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
 
 
@@ -23,8 +29,8 @@ def _sklearn_installed() -> bool:
 
 #: ``GaussianMixture`` (the scikit-learn drop-in) is listed only where scikit-learn is installed, so
 #: that ``from asp_gmm import *`` works without it; ``asp_gmm.GaussianMixture`` then says what to install.
-__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze", "CompileError", "NotPositiveDefiniteError",
-           "__version__"] + (["GaussianMixture"] if _sklearn_installed() else [])
+__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze", "ASPGMMError", "CompileError",
+           "NonFiniteError", "NotPositiveDefiniteError", "__version__"] + (["GaussianMixture"] if _sklearn_installed() else [])
 
 
 def __getattr__(name):

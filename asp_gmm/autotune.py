@@ -2,7 +2,7 @@
 
 For one problem (exact N, D, M, cvtype, dtype) on random mixture data, every configuration runs
 ``repeats`` single EM iterations from the same initial parameters through the backend
-(``session.em(kernel, 1, 1, 0.0, reg)``), timed by the backend's own timer; the median is the
+(``session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg)``), timed by the backend's own timer; the median is the
 configuration's seconds per EM iteration. It is backend-agnostic: only
 ``backend.covariance_variants``, ``backend.kernel`` and ``backend.open(...).em`` are used.
 
@@ -124,7 +124,7 @@ def measure(backend, problem: Problem, configs: list, repeats: int = 5, seed: in
             for m in list(live):
                 session.set_params(*params, reg_covar)
                 try:
-                    run = session.em(kernels[m.config], 1, 1, 0.0, reg_covar)
+                    run = session.em(kernels[m.config], min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
                 except KernelError as exc:
                     m.status, m.error = "launch-failed", str(exc)
                     live.remove(m)

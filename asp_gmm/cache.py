@@ -48,6 +48,7 @@ from pathlib import Path
 import platformdirs
 
 from . import __version__
+from .config import settings
 from .errors import CacheError, CompileError, UnsafeCacheError
 from .runtime import default_runtime
 
@@ -62,7 +63,7 @@ _GO_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 def _configured() -> tuple:
     """(folder, where it comes from) of the cache: ``$ASP_GMM_CACHE_DIR`` or the user cache folder."""
-    env = os.environ.get("ASP_GMM_CACHE_DIR", "").strip()
+    env = settings().cache_dir
     if env:
         return Path(env).expanduser().absolute(), "ASP_GMM_CACHE_DIR"
     return _private_dir(), "default"
@@ -122,7 +123,7 @@ def _ensure_root(path: Path, origin: str) -> os.stat_result:
 # ------------------------------------------------------------------ trust
 def _trusted_uids() -> set:
     """The current user, root, and the users named in ``$ASP_GMM_CACHE_TRUST`` (names or uids)."""
-    return {os.geteuid(), 0} | _named_uids(os.environ.get("ASP_GMM_CACHE_TRUST", ""))
+    return {os.geteuid(), 0} | _named_uids(settings().cache_trust)
 
 
 @functools.lru_cache(maxsize=8)

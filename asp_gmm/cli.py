@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import warnings
+
+from .config import settings
 
 
 def _history():
     from . import __version__
-    from .tuning_db import History
-    return History(package_version=__version__)
+    from .tuning_db import History, default_url
+    return History(default_url(settings().db), package_version=__version__)
 
 
 def _backend(name):
@@ -173,13 +174,13 @@ def cmd_info(args) -> int:
         print(f"cache folder: {cache.cache_dir()}")
     except OSError as exc:      # info reports, it does not fail
         print(f"cache folder: unusable: {exc}")
-    print(f"database URL: {default_url()}  (schema version {SCHEMA_VERSION}; set ASP_GMM_DB to change it)")
+    print(f"database URL: {default_url(settings().db)}  (schema version {SCHEMA_VERSION}; set ASP_GMM_DB to change it)")
     try:
         h = _history()
         print(f"  {h.count()} timings of {len(h.devices())} device(s)")
     except Exception as exc:  # noqa: BLE001 - info reports, it does not fail
         print(f"  cannot be opened: {exc}")
-    print(f"autotuning: {'on' if os.environ.get('ASP_GMM_AUTOTUNE', '1') not in ('0', 'false', 'no', 'off') else 'off'}"
+    print(f"autotuning: {'on' if settings().autotune else 'off'}"
           " (ASP_GMM_AUTOTUNE)")
     names = [args.backend] if args.backend else list(backends._BACKENDS)
     for name in names:
@@ -328,7 +329,7 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .errors import ASPGMMError
-    from .tuning_db import HistoryError
+    from .tuning_db import HistoryError   # the history's own base class (asp_gmm.errors derives from it)
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning      # one line each, not the source line that warned
         try:
@@ -340,7 +341,7 @@ def main(argv=None) -> int:
             print(f"asp-gmm {args.command}: interrupted", file=sys.stderr)
             return 130
         except Exception as exc:  # noqa: BLE001 - never a raw traceback; ASP_GMM_DEBUG=1 shows it
-            if os.environ.get("ASP_GMM_DEBUG", "") not in ("", "0"):
+            if settings().debug:
                 raise
             print(f"asp-gmm {args.command}: unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
                   "ASP_GMM_DEBUG=1 shows the traceback)", file=sys.stderr)

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import streaming
-from .errors import ASPGMMError
+from .errors import ASPGMMError, NonFiniteError, from_reference
 from .problem import Problem
-from .reference import precision_cholesky
+from .reference import NotPositiveDefiniteError, precision_cholesky
 
 log = logging.getLogger("asp_gmm")
 
@@ -225,7 +225,7 @@ def fit(X, M: int, *, cvtype: str = "full", dtype=np.float32, weights=None, mean
     if dt not in (np.float32, np.float64):
         raise DaskInputError(f"dtype must be float32 or float64, got {dt}")
     X = _check_array(X, None)
-    N, D = int(X.shape[0]), int(X.shape[1])
+    N = int(X.shape[0])
     if N < M:
         raise DaskInputError(f"X has N={N} events, fewer than the M={M} components; use fewer components or more data")
     local = contextlib.nullcontext()
@@ -274,7 +274,7 @@ def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, m
                  for i, (p, s) in enumerate(zip(parts, starts))]
         st = _compute(dask, _tree(dask, tasks, combine, split_every), client)
         if not np.isfinite(st.loglik):
-            raise FloatingPointError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
+            raise NonFiniteError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
                                      "components, or scale the data")
         bar.end(k, st, k)
         return st, time.perf_counter() - t0
@@ -285,7 +285,10 @@ def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, m
     ll, trace, secs, iters, converged = st.loglik, [st.loglik], [sec], 0, False
     while iters < max_iters:
         w, mu, cv = st.mstep(mu, cv, reg_covar)
-        precision_cholesky(cv, cvtype, reg_covar)   # NotPositiveDefiniteError here, not on every worker
+        try:   # NotPositiveDefiniteError here, not on every worker
+            precision_cholesky(cv, cvtype, reg_covar)
+        except NotPositiveDefiniteError as exc:
+            raise from_reference(exc) from None
         st, sec = one_pass(iters + 1, w, mu, cv)
         iters += 1
         secs.append(sec)

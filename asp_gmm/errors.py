@@ -1,11 +1,59 @@
-"""Exceptions the package raises; each message says what went wrong and what to do."""
+"""The package's exceptions: one family under :class:`ASPGMMError`.
+
+Every class also derives from the built-in (or NumPy) exception that users already catch, so that
+``except ValueError``, ``except FloatingPointError`` or ``except numpy.linalg.LinAlgError`` keeps working.
+Each message says what went wrong and what to do.
+
+Two families live in modules that may not import this one, and this module derives from them:
+
+* :mod:`asp_gmm.reference` imports nothing of the project, so it defines its own
+  ``NotPositiveDefiniteError`` and ``NonFiniteError``; the classes here subclass them, and the backends
+  raise the classes here (:func:`from_reference` translates what the reference raised).
+* :mod:`asp_gmm.tuning_db` imports nothing of ``asp_gmm``; its ``HistoryError`` (and
+  ``SchemaMismatchError``) are subclassed here, and :func:`from_history` translates at the callers.
+
+Hierarchy::
+
+    ASPGMMError
+    ├── NotPositiveDefiniteError   (numpy.linalg.LinAlgError, ValueError)
+    ├── NonFiniteError             (FloatingPointError, ValueError)
+    ├── VariantNotApplicableError  (ValueError)
+    ├── ManifestError              (ValueError)
+    ├── CompileError
+    ├── BackendUnavailableError
+    ├── KernelError                (RuntimeError)
+    ├── HistoryError               (tuning_db.HistoryError)
+    │   └── SchemaMismatchError    (tuning_db.SchemaMismatchError)
+    └── CacheError                 (OSError)
+        └── UnsafeCacheError       (PermissionError)
+"""
 from __future__ import annotations
 
-from .reference import NotPositiveDefiniteError  # noqa: F401  (re-exported: part of the public API)
+from . import reference as _reference
+from .tuning_db import errors as _store
 
 
 class ASPGMMError(Exception):
     """Base class of the package's own errors."""
+
+
+class NotPositiveDefiniteError(ASPGMMError, _reference.NotPositiveDefiniteError):
+    """A covariance matrix is not (numerically) positive definite.
+
+    Also a :class:`numpy.linalg.LinAlgError` and a :class:`ValueError`.
+
+    Attributes
+    ----------
+    component : int
+        Index of the offending component.
+    """
+
+
+class NonFiniteError(ASPGMMError, _reference.NonFiniteError):
+    """The log-likelihood or a parameter became NaN or infinite (never returned silently).
+
+    Also a :class:`FloatingPointError` and a :class:`ValueError`.
+    """
 
 
 class CompileError(ASPGMMError):
@@ -19,6 +67,8 @@ class CompileError(ASPGMMError):
         What the compiler printed.
     source_path : str
         Path of the rendered source, kept for inspection.
+    variant : str
+        Name of the variant ("" when unknown).
     """
 
     def __init__(self, command, output: str, source_path: str, variant: str = ""):
@@ -37,8 +87,21 @@ class VariantNotApplicableError(ASPGMMError, ValueError):
     """A pinned variant's declared limits exclude the problem."""
 
 
+class ManifestError(ASPGMMError, ValueError):
+    """A variant manifest (``variants/<backend>/*.toml``) breaks its schema; the message names the
+    file, the key and the keys that are known."""
+
+
 class KernelError(ASPGMMError, RuntimeError):
     """A compiled kernel reported a failure at run time (launch failure, allocation failure...)."""
+
+
+class HistoryError(ASPGMMError, _store.HistoryError):
+    """The tuning history cannot be used; the message names the database and what to do."""
+
+
+class SchemaMismatchError(HistoryError, _store.SchemaMismatchError):
+    """A history database or export file of another schema version."""
 
 
 class CacheError(ASPGMMError, OSError):
@@ -61,3 +124,36 @@ class StreamError(ASPGMMError, ValueError):
 class SettingError(ASPGMMError, ValueError):
     """An ``ASP_GMM_*`` environment setting has a value that cannot be used; the message names the
     setting, the value and what it accepts."""
+
+
+def from_reference(exc: BaseException) -> BaseException:
+    """The package's class for an exception :mod:`asp_gmm.reference` raised (others unchanged).
+
+    Parameters
+    ----------
+    exc : BaseException
+
+    Returns
+    -------
+    BaseException
+        A :class:`NotPositiveDefiniteError` / :class:`NonFiniteError` carrying the same message and
+        attributes, or ``exc`` itself.
+    """
+    if isinstance(exc, ASPGMMError):
+        return exc
+    if isinstance(exc, _reference.NotPositiveDefiniteError):
+        return NotPositiveDefiniteError(exc.component, getattr(exc, "reg_covar", None), getattr(exc, "detail", ""))
+    if isinstance(exc, _reference.NonFiniteError):
+        return NonFiniteError(*exc.args)
+    return exc
+
+
+def from_history(exc: BaseException) -> BaseException:
+    """The package's class for an exception :mod:`asp_gmm.tuning_db` raised (others unchanged)."""
+    if isinstance(exc, ASPGMMError):
+        return exc
+    if isinstance(exc, _store.SchemaMismatchError):
+        return SchemaMismatchError(*exc.args)
+    if isinstance(exc, _store.HistoryError):
+        return HistoryError(*exc.args)
+    return exc

@@ -18,6 +18,7 @@ import threading
 import weakref
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike  # noqa: F401  (annotations)
 
 
 def identity(X: np.ndarray):
@@ -37,7 +38,7 @@ def identity(X: np.ndarray):
     return ref, (X.__array_interface__["data"][0], X.shape, X.dtype.str)
 
 
-def freeze(X, dtype=None) -> np.ndarray:
+def freeze(X: "ArrayLike", dtype: "DTypeLike | None" = None) -> np.ndarray:
     """An immutable, C-contiguous copy of ``X`` (converted to ``dtype`` when given): X itself when it
     is already one.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from . import cuda_arrays, frozen, streaming
 from .errors import StreamError
@@ -120,8 +121,10 @@ class GMM:
     n_iter, converged, last_variant : results of the last :meth:`train`.
     """
 
-    def __init__(self, M, D, means=None, covars=None, weights=None, cvtype="full", dtype=np.float32,
-                 reg_covar=1e-6, backend="auto", variant=None, seed=None):
+    def __init__(self, M: int, D: int, means: ArrayLike | None = None, covars: ArrayLike | None = None,
+                 weights: ArrayLike | None = None, cvtype: str = "full", dtype: DTypeLike = np.float32,
+                 reg_covar: float = 1e-6, backend: str = "auto", variant: str | None = None,
+                 seed: int | None = None) -> None:
         for name, val in (("M", M), ("D", D)):
             if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
@@ -278,7 +281,7 @@ class GMM:
         top = float(np.max(var)) if var.size else 0.0
         big = float(np.finfo(self.dtype).max)
         if not np.isfinite(top) or top * (1.0 + 1e-6) >= big:
-            how = (f"scale the data (e.g. X / X.std(axis=0)) or use dtype=np.float64" if self.dtype == np.float32
+            how = ("scale the data (e.g. X / X.std(axis=0)) or use dtype=np.float64" if self.dtype == np.float32
                    else "scale the data (e.g. X / X.std(axis=0))")
             shown = f"{top:.3g}" if np.isfinite(top) else "beyond float64"
             raise ValueError(f"the data's scale overflows {self.dtype.name}: its variance reaches {shown}, more than "
@@ -292,7 +295,8 @@ class GMM:
                 self.covars.astype(np.float64))
 
     # ------------------------------------------------------------------ public API
-    def train(self, X, min_em_iters=1, max_em_iters=10, tol=1e-3, progress=None):
+    def train(self, X: ArrayLike, min_em_iters: int = 1, max_em_iters: int = 10, tol: float = 1e-3,
+              progress: bool | None = None) -> float:
         """Run EM on X; the first call seeds missing parameters, later calls warm-start.
 
         Parameters
@@ -349,7 +353,7 @@ class GMM:
         self.last_train = res
         return res.loglik
 
-    def eval(self, X):
+    def eval(self, X: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Per-event log-likelihood and posteriors.
 
         Parameters
@@ -363,11 +367,11 @@ class GMM:
         """
         return self._evaluate(X, "eval", True)
 
-    def score(self, X):
+    def score(self, X: ArrayLike) -> np.ndarray:
         """Per-event log-likelihood, ndarray (N,)."""
         return self._evaluate(X, "score", False)[0]
 
-    def predict(self, X):
+    def predict(self, X: ArrayLike) -> np.ndarray:
         """Most likely component of each event, ndarray (N,) of int."""
         return np.argmax(self._evaluate(X, "predict", True)[1], axis=1)
 
@@ -386,7 +390,8 @@ class GMM:
                 f"backend={self.backend!r})")
 
 
-def prepare(D, M, cvtype="full", dtype=np.float32, backend="auto", N=10_000):
+def prepare(D: int, M, cvtype: str = "full", dtype: DTypeLike = np.float32, backend: str = "auto",
+            N: int = 10_000) -> int:
     """Compile, or load from the cache, what ``train``/``score`` of these shapes will run, so that
     the first real calls do not pay for it (e.g. before starting a clock, or before a batch of many
     small models of varying M).
@@ -419,7 +424,8 @@ def prepare(D, M, cvtype="full", dtype=np.float32, backend="auto", N=10_000):
     return sum(spec.prepare(Problem(int(N), int(D), int(m), cvtype, dt)) for m in Ms)
 
 
-def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X, X1=None, X2=None, min_em_iters=1, max_em_iters=10, tol=1e-3):
+def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X: ArrayLike, X1: ArrayLike | None = None, X2: ArrayLike | None = None,
+                         min_em_iters: int = 1, max_em_iters: int = 10, tol: float = 1e-3) -> tuple[GMM, float]:
     """Merge two models and score the merge (the agglomerative-clustering distance).
 
     The merged model has ``M1 + M2`` components initialised from both models, their weights scaled

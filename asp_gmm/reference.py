@@ -36,15 +36,27 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError, ValueError):
     ----------
     component : int
         Index of the offending component.
+    reg_covar, detail
+        What the message was built from.
+
+    The package raises :class:`asp_gmm.errors.NotPositiveDefiniteError`, a subclass of this one that
+    also derives from :class:`asp_gmm.errors.ASPGMMError` (this module imports nothing of the project).
     """
 
     def __init__(self, component: int, reg_covar: float | None = None, detail: str = ""):
-        self.component = component
+        self.component, self.reg_covar, self.detail = component, reg_covar, detail
         reg = f" (now {reg_covar:g})" if reg_covar is not None else ""
         super().__init__(
             f"covariance of component {component} is not positive definite or is numerically "
             f"singular{(': ' + detail) if detail else ''}. Increase reg_covar{reg}, use fewer "
             "components, or scale/standardise the data.")
+
+
+class NonFiniteError(FloatingPointError, ValueError):
+    """The log-likelihood or a parameter became NaN or infinite.
+
+    The package raises :class:`asp_gmm.errors.NonFiniteError`, a subclass of this one.
+    """
 
 
 def precision_cholesky(covars, cvtype: str, reg_covar: float | None = None, cond_limit: float = 1e15):
@@ -224,6 +236,20 @@ def mstep(X, resp, prev_means, prev_covars, cvtype: str, reg_covar: float):
     return weights, means, covars
 
 
+def change_per_event(new_loglik: float, old_loglik: float, N: int) -> float:
+    """Change of the mean per-event log-likelihood between two iterations (totals over ``N`` events)."""
+    return (new_loglik - old_loglik) / N
+
+
+def converged(iters: int, min_iters: int, change: float, tol: float) -> bool:
+    """The convergence rule of every EM loop of the project: at least ``min_iters`` iterations done and
+    ``|change|`` (of the mean per-event log-likelihood, :func:`change_per_event`) below ``tol``.
+
+    The compiled loops use the same rule (``ASP_EM_CONVERGED`` in ``variants/em_rule.h.j2``).
+    """
+    return iters >= min_iters and abs(change) < tol
+
+
 def em(X, weights, means, covars, cvtype: str, reg_covar: float = 1e-6,
        min_iters: int = 1, max_iters: int = 10, tol: float = 1e-3):
     """Whole EM loop, as the compiled backends run it.
@@ -245,15 +271,15 @@ def em(X, weights, means, covars, cvtype: str, reg_covar: float = 1e-6,
     covars = np.asarray(covars, np.float64)
     logprob, resp = estep(X, weights, means, covars, cvtype, reg_covar)
     ll = float(logprob.sum())
-    iters, converged = 0, False
+    iters, done = 0, False
     while iters < max_iters:
         weights, means, covars = mstep(X, resp, means, covars, cvtype, reg_covar)
         iters += 1
         logprob, resp = estep(X, weights, means, covars, cvtype, reg_covar)
         new_ll = float(logprob.sum())
-        change, ll = (new_ll - ll) / N, new_ll
-        if iters >= min_iters and abs(change) < tol:
-            converged = True
+        change, ll = change_per_event(new_ll, ll, N), new_ll
+        if converged(iters, min_iters, change, tol):
+            done = True
             break
     return dict(weights=weights, means=means, covars=covars, loglik=ll, iters=iters,
-                converged=converged, logprob=logprob, resp=resp)
+                converged=done, logprob=logprob, resp=resp)

@@ -21,6 +21,7 @@ Rendering is one function, :func:`render`: (variant, tunables, problem, backend 
 from __future__ import annotations
 
 import ast
+import difflib
 import hashlib
 import itertools
 import operator
@@ -57,8 +58,9 @@ class Variant:
     tunables: dict = field(hash=False, compare=False)
     limits: tuple = ()
     source_sha256: str = ""
-    #: Manifest keys this module does not interpret (e.g. a CUDA variant's ``[[launch]]`` tables and
-    #: ``scratch`` expression); read by the backend that owns the variant.
+    #: The backend-specific manifest keys of :data:`MANIFEST_KEYS` (e.g. a CUDA variant's ``[[launch]]``
+    #: tables and ``scratch`` expression); read by the backend that owns the variant. Unknown keys are
+    #: rejected when the manifest is loaded, never kept here.
     extra: dict = field(default_factory=dict, hash=False, compare=False)
 
     @property
@@ -117,6 +119,50 @@ class Variant:
         return next((t for t in self.tunable_space() if self.allows(problem, t, extra)), None)
 
 
+@dataclass(frozen=True)
+class Config:
+    """A variant with concrete tunables: the one name for "a variant with its tunables".
+
+    Hashable (the tunables are sorted ``(name, value)`` pairs). A backend's compiled
+    :class:`asp_gmm.backends.base.Kernel` carries one (``kernel.config``); the history stores it as a
+    :class:`asp_gmm.tuning_db.VariantKey` (:meth:`history_key`), which adds nothing but the source hash
+    in a form the history (which imports nothing of the package) can keep.
+
+    Attributes
+    ----------
+    variant : Variant
+    tunables : tuple of (str, value)
+        Every tunable of the variant (defaults filled in), sorted by name.
+    """
+
+    variant: Variant
+    tunables: tuple = ()
+
+    @classmethod
+    def of(cls, variant: Variant, tunables: dict | None = None) -> "Config":
+        """The variant with its defaults overridden by ``tunables``."""
+        t = variant.default_tunables()
+        t.update(tunables or {})
+        return cls(variant, tuple(sorted(t.items())))
+
+    @property
+    def params(self) -> dict:
+        """The tunables as a dict."""
+        return dict(self.tunables)
+
+    @property
+    def label(self) -> str:
+        """``name`` or ``name(k=v,...)``, as the CLI and the logs show it."""
+        if not self.tunables:
+            return self.variant.name
+        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in self.tunables) + ")"
+
+    def history_key(self):
+        """The :class:`asp_gmm.tuning_db.VariantKey` under which the history stores this config."""
+        from .tuning_db import VariantKey
+        return VariantKey.of(self.variant.backend, self.variant.name, self.params, self.variant.source_sha256)
+
+
 # ---------------------------------------------------------------- limit expressions
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv,
@@ -162,9 +208,88 @@ def _check(node):
         _check(child)
 
 
+# ---------------------------------------------------------------- manifest schema
+@dataclass(frozen=True)
+class Key:
+    """One manifest key: the TOML type it must have and what it means."""
+
+    types: tuple
+    doc: str
+    backend_specific: bool = False   # kept in :attr:`Variant.extra` for the backend that owns the variant
+
+
+#: The manifest schema: every top-level key a ``variants/<backend>/*.toml`` may use. A key not
+#: listed here is a typo and :func:`load_manifest` raises naming the file, the key and these keys.
+MANIFEST_KEYS = {
+    "name": Key((str,), "the variant's name (unique per backend)"),
+    "backend": Key((str,), "the backend that runs it (default: the folder's name)"),
+    "phase": Key((str,), "'core' (the EM driver), 'covariance', 'estep', ..."),
+    "template": Key((str,), "its Jinja2 template; empty when the backend implements it itself"),
+    "cvtypes": Key((list,), "covariance types it implements"),
+    "dtypes": Key((list,), "dtypes it implements"),
+    "description": Key((str,), "one paragraph: what it computes and how it maps onto the hardware"),
+    "tunables": Key((dict,), "name = list of allowed values, the first is the default"),
+    "limits": Key((list,), "[[limits]] tables: require (expression), reason"),
+    "derived": Key((dict,), "name = expression, in order; shared by limits, launches and the template",
+                   True),
+    "launch": Key((list,), "[[launch]] tables (CUDA): kernel, grid, block, shared, args, phase", True),
+    "scratch": Key((str, int), "bytes of scratch memory (CUDA), an expression", True),
+    "zero_acc": Key((bool,), "the accumulator is zeroed before the launches (CUDA)", True),
+    "estep_moments": Key((bool,), "the E-step also returns the moments the M-step needs (C diag)", True),
+    "selectable": Key((bool,), "false: never chosen by the selection (pinned or tested only)", True),
+}
+#: Keys of each ``[[limits]]`` and ``[[launch]]`` table.
+LIMIT_KEYS = {"require": "a boolean expression over the problem, tunables and limit context",
+              "reason": "what the limit protects, shown when it excludes a problem"}
+LAUNCH_KEYS = {"kernel": "the __global__ function", "grid": "grid expression(s)", "block": "block expression(s)",
+               "shared": "dynamic shared memory bytes", "args": "argument names", "phase": "the EM phase it runs in"}
+
+
+def _reject_unknown(path, where: str, table: dict, known) -> None:
+    from .errors import ManifestError
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ManifestError(f"{path}: unknown key {key!r} in {where}{hint}; the known keys are "
+                                f"{', '.join(sorted(known))}")
+
+
+def load_manifest(path, data: dict) -> dict:
+    """Check a parsed manifest against :data:`MANIFEST_KEYS` and return it.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The manifest file, named in errors.
+    data : dict
+        The parsed TOML.
+
+    Raises
+    ------
+    asp_gmm.errors.ManifestError
+        An unknown key (a typo), a key of the wrong type, or a ``[[limits]]``/``[[launch]]`` table with
+        an unknown key; the message names the file, the key and the known keys.
+    """
+    from .errors import ManifestError
+    _reject_unknown(path, "the manifest", data, MANIFEST_KEYS)
+    for key, value in data.items():
+        spec = MANIFEST_KEYS[key]
+        if not isinstance(value, spec.types) or (isinstance(value, bool) and bool not in spec.types):
+            want = " or ".join(t.__name__ for t in spec.types)
+            raise ManifestError(f"{path}: {key!r} must be a {want} ({spec.doc}), got {value!r}")
+    if "name" not in data:
+        raise ManifestError(f"{path}: the manifest has no 'name'; add name = \"...\"")
+    for i, lim in enumerate(data.get("limits", [])):
+        _reject_unknown(path, f"[[limits]] #{i + 1}", lim, LIMIT_KEYS)
+        if "require" not in lim:
+            raise ManifestError(f"{path}: [[limits]] #{i + 1} has no 'require' expression")
+    for i, launch in enumerate(data.get("launch", [])):
+        _reject_unknown(path, f"[[launch]] #{i + 1}", launch, LAUNCH_KEYS)
+    return data
+
+
 # ---------------------------------------------------------------- loading
-_KNOWN_KEYS = {"name", "backend", "phase", "template", "cvtypes", "dtypes", "description", "tunables",
-               "limits"}
 
 def _variants_root():
     return resources.files(_VARIANTS_PACKAGE)
@@ -208,7 +333,7 @@ def all_variants() -> tuple:
         for mf in sorted(backend_dir.iterdir(), key=lambda p: p.name):
             if not mf.name.endswith(".toml"):
                 continue
-            data = tomllib.loads(mf.read_text())
+            data = load_manifest(f"variants/{backend_dir.name}/{mf.name}", tomllib.loads(mf.read_text()))
             backend = data.get("backend", backend_dir.name)
             template = data.get("template", "")
             if template:
@@ -224,7 +349,7 @@ def all_variants() -> tuple:
                 limits=tuple(Limit(l["require"], l.get("reason", "declared limit"))
                              for l in data.get("limits", [])),
                 source_sha256=sha,
-                extra={k: v for k, v in data.items() if k not in _KNOWN_KEYS}))
+                extra={k: v for k, v in data.items() if MANIFEST_KEYS[k].backend_specific}))
     return tuple(out)
 
 

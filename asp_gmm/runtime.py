@@ -12,9 +12,9 @@ fork hooks when the first history is opened.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import warnings
+from .config import settings
 
 log = logging.getLogger("asp_gmm")
 
@@ -66,7 +66,7 @@ class Runtime:
     def shared_history(self):
         """The History at ``$ASP_GMM_DB`` (or the default place), opened on first use; ``None``
         when it cannot be opened (one warning says why)."""
-        env = os.environ.get("ASP_GMM_DB", "")
+        env = settings().db
         url = self._urls.get(env)
         if url is None:
             from .tuning_db import default_url

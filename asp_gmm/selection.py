@@ -64,7 +64,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass, field
 
@@ -72,33 +71,10 @@ import numpy as np
 
 from .errors import KernelError
 from .problem import Problem
-from .registry import Variant
+from .registry import Config
+from .config import settings
 
 log = logging.getLogger("asp_gmm.selection")
-
-
-@dataclass(frozen=True)
-class Config:
-    """A variant with concrete tunables."""
-
-    variant: Variant
-    tunables: tuple = ()   # sorted (name, value) pairs, hashable
-
-    @classmethod
-    def of(cls, variant: Variant, tunables: dict | None = None) -> "Config":
-        t = variant.default_tunables()
-        t.update(tunables or {})
-        return cls(variant, tuple(sorted(t.items())))
-
-    @property
-    def params(self) -> dict:
-        return dict(self.tunables)
-
-    @property
-    def label(self) -> str:
-        if not self.tunables:
-            return self.variant.name
-        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in self.tunables) + ")"
 
 
 @dataclass
@@ -139,7 +115,7 @@ EXPLORE_COMPILE_WORK = 1e9
 
 def autotune_enabled() -> bool:
     """``ASP_GMM_AUTOTUNE=0`` turns measuring and exploring off."""
-    return os.environ.get("ASP_GMM_AUTOTUNE", "1").strip().lower() not in ("0", "false", "no", "off")
+    return settings().autotune
 
 
 class Selector:

@@ -467,10 +467,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             "dtype": "no_validation",  # checked in fit (None, float32 or float64)
         }
 
-    def __init__(self, n_components=1, *, covariance_type="full", tol=1e-3, reg_covar=1e-6,
-                 max_iter=100, n_init=1, init_params="kmeans", weights_init=None, means_init=None,
-                 precisions_init=None, random_state=None, warm_start=False, verbose=0,
-                 verbose_interval=10, backend="auto", dtype=None, online_t0=2.0, online_kappa=0.6):
+    def __init__(self, n_components: int = 1, *, covariance_type: str = "full", tol: float = 1e-3,
+                 reg_covar: float = 1e-6, max_iter: int = 100, n_init: int = 1, init_params: str = "kmeans",
+                 weights_init=None, means_init=None, precisions_init=None, random_state=None,
+                 warm_start: bool = False, verbose: int = 0, verbose_interval: int = 10, backend: str = "auto",
+                 dtype=None, online_t0: float = 2.0, online_kappa: float = 0.6) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -491,7 +492,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.online_kappa = online_kappa
 
     # ------------------------------------------------------------------------------ fitting
-    def fit(self, X, y=None):
+    def fit(self, X, y=None) -> "GaussianMixture":
         """Estimate the parameters with the EM algorithm (see
         :meth:`sklearn.mixture.GaussianMixture.fit`).
 

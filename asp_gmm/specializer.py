@@ -21,6 +21,8 @@ from . import selection, streaming
 from .backends import get_backend
 from .errors import CompileError, KernelError, VariantNotApplicableError
 from .problem import Problem
+from .reference import change_per_event
+from .reference import converged as converged_rule
 from .selection import Config
 
 log = logging.getLogger("asp_gmm")
@@ -152,7 +154,7 @@ class Specializer:
                     continue
                 before = session.loglik()
                 try:
-                    run = session.em(kernel, 1, 1, 0.0, reg_covar)
+                    run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
                 except KernelError as exc:
                     sel.record(self.backend, problem, cfg, "launch-failed")
                     log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
@@ -163,7 +165,7 @@ class Specializer:
                 used = cfg
                 if tuning:
                     sel.record(self.backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
-                converged = iters >= min_iters and abs(run.loglik - before) / N < tol
+                converged = converged_rule(iters, min_iters, change_per_event(run.loglik, before, N), tol)
             if iters < max_iters and not converged:
                 # the planned configuration, then the other candidates should it fail to compile or
                 # to run (each failure is recorded and never retried for its source)
@@ -175,7 +177,8 @@ class Specializer:
                     if kernel is None:
                         continue
                     try:
-                        run = session.em(kernel, max_iters - iters, max(min_iters - iters, 0), tol, reg_covar)
+                        run = session.em(kernel, min_iters=max(min_iters - iters, 0), max_iters=max_iters - iters, tol=tol,
+                                         reg_covar=reg_covar)
                     except KernelError as exc:
                         sel.record(self.backend, problem, cfg, "launch-failed")
                         if variant is not None:

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cuda_arrays
+from . import config, cuda_arrays
 from . import reference as ref
-from .errors import SettingError, StreamError
+from .errors import NonFiniteError, SettingError, StreamError
 from .problem import Problem
 
 log = logging.getLogger("asp_gmm")
@@ -60,8 +60,17 @@ _IN_MEMORY_LIBS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dask", "scipy", "
 
 
 # ------------------------------------------------------------------------------ settings
+_ATTR = {"ASP_GMM_DEVICE_BUDGET": "device_budget", "ASP_GMM_MEMORY_FRACTION": "memory_fraction",
+         "ASP_GMM_BLOCK_BYTES": "block_bytes", "ASP_GMM_CHUNK_BYTES": "chunk_bytes", "ASP_GMM_PROGRESS": "progress"}
+
+
+def _setting(name: str) -> str:
+    """The raw value of one of the streaming settings (asp_gmm/config.py reads the environment)."""
+    return getattr(config.settings(), _ATTR[name])
+
+
 def _bytes_setting(name: str, default):
-    raw = os.environ.get(name, "").strip()
+    raw = _setting(name)
     if not raw:
         return default
     scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(raw[-1].lower(), 1)
@@ -75,7 +84,7 @@ def _bytes_setting(name: str, default):
 
 
 def memory_fraction() -> float:
-    raw = os.environ.get("ASP_GMM_MEMORY_FRACTION", "").strip()
+    raw = _setting("ASP_GMM_MEMORY_FRACTION")
     if not raw:
         return 0.5
     try:
@@ -431,7 +440,7 @@ class _Progress:
     def __init__(self, enabled, n_rows):
         self.bar = None
         if enabled is None:
-            mode = os.environ.get("ASP_GMM_PROGRESS", "auto").strip().lower() or "auto"
+            mode = _setting("ASP_GMM_PROGRESS").lower() or "auto"
             if mode not in ("auto", "0", "1"):
                 raise SettingError(f"ASP_GMM_PROGRESS={mode!r} must be auto, 1 or 0")
             enabled = mode == "1" or (mode == "auto" and sys.stderr is not None and sys.stderr.isatty()
@@ -507,7 +516,7 @@ def pass_stats(runner, source: ChunkSource, problem: Problem, weights, means, co
         if progress is not None:
             progress.advance(bs.n)
     if not math.isfinite(st.loglik):
-        raise FloatingPointError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
+        raise NonFiniteError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
                                  "components, or scale the data")
     return st
 

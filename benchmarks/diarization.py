@@ -37,7 +37,6 @@ import glob
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np

@@ -200,7 +200,7 @@ def cpu_part(args, rows):
         threads = max(1, ncpu // workers)
         with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
                           env={"ASP_GMM_NUM_THREADS": str(threads), "ASP_GMM_AUTOTUNE": "0"}) as cl, \
-                Client(cl) as client:
+                Client(cl):
             dX = da.from_array(X, chunks=(-(-N // (4 * workers)), D)).persist()
             agd.fit(dX, M, cvtype="full", backend="c", weights=w, means=mu, covars=c, max_iters=1, tol=0)  # warm
             r = agd.fit(dX, M, cvtype="full", backend="c", weights=w, means=mu, covars=c,

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from asp_gmm import autotune  # noqa: E402
 from asp_gmm.backends import get_backend  # noqa: E402
 from asp_gmm.problem import Problem  # noqa: E402
-from asp_gmm.selection import Config, HistorySelector, RuleSelector, problem_class  # noqa: E402
+from asp_gmm.selection import HistorySelector, RuleSelector, problem_class  # noqa: E402
 from asp_gmm.tuning_db import History  # noqa: E402
 
 GRIDS = {

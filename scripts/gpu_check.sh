@@ -4,7 +4,10 @@
 #   and the architecture match), runs the GPU tests, the GPU benchmark, then the rest of the suite,
 #   and prints a short summary last. Logs and the benchmark's JSON go to $OUT (default /tmp/gpu_check).
 #
-#   source .gpu/device-env.sh && bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh
+#
+# Needs nvcc, an NVIDIA GPU, pycuda and pytest (torch for the benchmark's peers). On a machine without
+# network, put what pip needs on PYTHONPATH first (e.g. source a device-env.sh that does, if you have one).
 #
 # Settings: GPU_CHECK_SUITE=0 skips the non-GPU part of the suite; GPU_TESTS lists the GPU test files
 # (default test_cuda_gpu.py test_cuda_v5.py test_cuda_compile.py); GPU_BENCH_ARGS passes arguments to

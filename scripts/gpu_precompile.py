@@ -39,7 +39,7 @@ V5_GPU = [  # tests/test_cuda_v5.py on a GPU: (D, M) of GPU_SHAPES x the tunable
 TUNED = [("V3", {"tile": 2}), ("V3", {"threads": 512}), ("V4", {"tile": 2}), ("V4", {"tile": 2, "threads": 128}),
          ("V4", {"blocks": 528, "tile": 2}), ("V4", {"blocks": 132, "threads": 128})]   # test_tunables_match_reference
 
-V6_GPU = [  # tests/test_cuda_v6.py and benchmarks/v6_probe.py: (D, M, tunables), diag float32
+V6_GPU = [  # tests/test_cuda_v6.py: (D, M, tunables), diag float32
     (36, 16, {}), (19, 5, {}), (3, 1, {}), (21, 8, {"blocks": 132}), (21, 8, {"blocks": 528}), (19, 8, {}),
     (12, 16, {}), (12, 8, {})]
 

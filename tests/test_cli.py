@@ -69,8 +69,8 @@ def test_measure_marks_a_wrong_variant_invalid(tmp_path):
     from asp_gmm.selection import Config
 
     class Wrong(FakeSession):
-        def em(self, kernel, *a):
-            run = super().em(kernel, *a)
+        def em(self, kernel, *a, **kw):
+            run = super().em(kernel, *a, **kw)
             if kernel.variant.name == "V2":
                 self.covars = self.covars * 1.5  # a wrong covariance
             return run

@@ -11,7 +11,6 @@ import pytest
 
 import asp_gmm
 from asp_gmm import GMM, CompileError, NotPositiveDefiniteError, compute_distance_BIC, registry
-from asp_gmm import reference as ref
 from asp_gmm.backends import get_backend
 from asp_gmm.problem import Problem
 from conftest import make_blobs
@@ -386,7 +385,6 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
 
 
 def test_prepare_loads_every_candidate_and_checks_its_arguments():
-    import asp_gmm
     n = asp_gmm.prepare(5, [1, 3, 7], cvtype="diag", dtype=np.float64, backend="c")
     assert n >= 3                      # at least one configuration per M
     assert asp_gmm.prepare(4, 2, backend="numpy") >= 1

@@ -2,8 +2,6 @@
 the core (variants/cuda/mom_tc.cuh.j2): the cases the generic variant tests do not reach: data far from
 the origin, components whose centring would cancel (the exact fallback must run, and only then),
 every tunable. Skipped without a GPU (test_cuda_compile.py compiles the templates everywhere)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +11,6 @@ from conftest import make_blobs, reference_estep, session_vs_reference, train_vs
 cuda_mod = pytest.importorskip("asp_gmm.backends.cuda")
 REASON = cuda_mod.CudaBackend.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: {REASON}")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def _v6_allowed():
@@ -60,7 +57,7 @@ def test_v6_guard_flags_only_cancelling_components(rng):
     and the result is accurate; ordinary blobs are not flagged (the fast path is really used)."""
     if not _v6_allowed():
         pytest.skip("V6 needs compute capability 8.0")
-    from v6_probe import labelled_blobs, mstep_probe
+    from cuda_helpers import labelled_blobs, mstep_probe
     X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, 100.0, 0.05, 0.0)
     pr = mstep_probe(X, w, mu, cv)
     assert pr["flags"].all(), pr["ratio"].max(1)

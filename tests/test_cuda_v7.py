@@ -4,8 +4,6 @@ and the template; checked without a GPU) and the fallback from one to the other,
 the cases the generic variant tests do not reach: data far from the origin, components whose centring
 would cancel (the exact fallback must run, and only then), more M-phase tiles than threads, blocks
 without events, the session's switch between the plain and the fused E-step."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -114,7 +112,6 @@ def test_v7_runs_on_the_cuda_cores_where_the_tensor_cores_cannot(monkeypatch):
 
 REASON = cu.CudaBackend.unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: {REASON}")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def _check(covars, means, weights, ll, r, rtol=2e-4):
@@ -205,7 +202,7 @@ def test_v7_guard_flags_only_cancelling_components(mtc, fill, rng):
     from its parameters; ordinary blobs are neither flagged nor watched, so the fused sums are what
     runs."""
     from asp_gmm import reference as ref
-    from v6_probe import labelled_blobs
+    from cuda_helpers import labelled_blobs
     for spread, scale, want in ((100.0, 0.05, True), (1.0, 1.0, False)):
         X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, spread, scale, 0.0)
         r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)

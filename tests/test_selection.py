@@ -80,12 +80,12 @@ class FakeSession(NumpySession):
         super().__init__(X, problem)
         self.backend = backend
 
-    def em(self, kernel, max_iters, min_iters, tol, reg_covar):
+    def _em(self, kernel, *, min_iters, max_iters, tol, reg_covar):
         name = kernel.variant.name
         self.backend.ran.append((name, max_iters))
         if name in self.backend.broken_launch:
             raise KernelError(f"{name}: too many resources requested for launch")
-        run = super().em(kernel, max_iters, min_iters, tol, reg_covar)
+        run = super()._em(kernel, min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covar=reg_covar)
         cost = self.backend.costs.get(name, 1e-6) * self.problem.N
         run.iter_seconds = [cost] * run.iters
         run.cov_seconds = [cost / 2] * run.iters

@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -219,7 +218,8 @@ def test_export_import_round_trip(tmp_path):
     b = History(url(tmp_path, "b.sqlite"))
     assert b.import_(tmp_path / "e.json") == (6, 0)
     assert b.import_(tmp_path / "e.json") == (0, 6)  # idempotent
-    key = lambda r: (r.uid, r.variant, r.N, r.D, r.M, r.status, r.seconds, r.cov_seconds, r.repeats, r.created_at)
+    def key(r):
+        return (r.uid, r.variant, r.N, r.D, r.M, r.status, r.seconds, r.cov_seconds, r.repeats, r.created_at)
     assert sorted(map(key, a.rows())) == sorted(map(key, b.rows()))
     assert b.devices() == [("devA", FP, 6)]
 

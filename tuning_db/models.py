@@ -26,7 +26,9 @@ from sqlalchemy import (Float, ForeignKey, Index, Integer, String, Text, UniqueC
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Bump when a table changes; files of another version are refused with a message (no silent reuse).
-SCHEMA_VERSION = 1
+#: 2: ``timings.threads`` (the CPU threads a call used); devices' columns from typed fingerprints, one
+#: CPU one device (:func:`asp_gmm.tuning_db.store.migrate` upgrades a version-1 file in place).
+SCHEMA_VERSION = 2
 
 STATUSES = ("ok", "compile-failed", "launch-failed", "invalid")
 #: Covariance types and working precisions a timing may be of (asp_gmm.problem has the same lists;
@@ -57,7 +59,7 @@ class Device(Base):
     backend: Mapped[str] = mapped_column(String(32), nullable=False)
     model: Mapped[str] = mapped_column(String(256), default="")
     isa: Mapped[str] = mapped_column(String(512), default="")        # ISA extensions or compute capability
-    cores: Mapped[int] = mapped_column(Integer, default=0)            # threads or SMs
+    cores: Mapped[int] = mapped_column(Integer, default=0)            # hardware threads or SMs
     driver: Mapped[str] = mapped_column(String(256), default="")
     compiler: Mapped[str] = mapped_column(String(512), default="")
     fingerprint: Mapped[str] = mapped_column(Text, nullable=False)    # canonical JSON, all fields
@@ -94,3 +96,4 @@ class Timing(Base):
     status: Mapped[str] = mapped_column(String(16), nullable=False)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     package_version: Mapped[str] = mapped_column(String(32), default="")
+    threads: Mapped[int | None] = mapped_column(Integer, nullable=True)       # CPU threads the run used

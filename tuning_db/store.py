@@ -47,6 +47,9 @@ from sqlalchemy import String, create_engine, delete, event, func, inspect, sele
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, OperationalError
 
+from .devices import device_id as _device_id
+from .devices import device_of
+from .errors import HistoryError, SchemaMismatchError
 from .models import (CVTYPES, DTYPES, INT_MAX, SCHEMA_VERSION, STATUSES, Base, Device, SchemaInfo, Timing,
                      Variant)
 
@@ -55,23 +58,19 @@ log = logging.getLogger("asp_gmm.tuning_db")
 EXPORT_FORMAT = "asp_gmm-history"
 
 
-class HistoryError(Exception):
-    """The history cannot be used; the message names the database and what to do."""
-
-
-class SchemaMismatchError(HistoryError):
-    """A database or export file of another schema version."""
-
-
 def canonical_json(obj) -> str:
     """Stable text of a JSON-able value (sorted keys, no spaces): used in stored keys."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
 
 
-def default_url() -> str:
-    """``$ASP_GMM_DB`` (any SQLAlchemy URL, or a plain file path), else an SQLite file in the user
-    data folder (``platformdirs.user_data_dir("asp_gmm")/history.sqlite``)."""
-    env = os.environ.get("ASP_GMM_DB", "").strip()
+def default_url(db: str | None = None) -> str:
+    """The history's URL: ``db`` (any SQLAlchemy URL, or a plain file path), else an SQLite file in
+    the user data folder (``platformdirs.user_data_dir("asp_gmm")/history.sqlite``).
+
+    ``asp_gmm`` passes ``asp_gmm.config.settings().db`` (``$ASP_GMM_DB``). This package imports nothing
+    of ``asp_gmm``, so with ``db=None`` (a caller outside the package) it reads ``$ASP_GMM_DB`` itself.
+    """
+    env = (os.environ.get("ASP_GMM_DB", "") if db is None else db).strip()
     if env:
         return env if "://" in env else "sqlite:///" + str(Path(env).expanduser().absolute())
     return "sqlite:///" + str(Path(platformdirs.user_data_dir("asp_gmm")) / "history.sqlite")
@@ -114,6 +113,7 @@ class Row:
     package_version: str = ""
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     id: int | None = None         # database id, once stored
+    threads: int | None = None    # CPU threads the run used (None: not a CPU run, or not recorded)
 
 
 class DeviceView:
@@ -333,7 +333,11 @@ class History:
                     conn.execute(SchemaInfo.__table__.insert().values(
                         id=1, version=SCHEMA_VERSION, created_by=f"asp_gmm {self.package_version}".strip(),
                         created_at=_now()))
-                return conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
+                version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
+                if version == 1:
+                    migrate_1_to_2(conn)
+                    version = SCHEMA_VERSION
+                return version
         try:
             try:
                 version = self._run(create_or_check, "open")
@@ -379,8 +383,10 @@ class History:
     # ------------------------------------------------------------------ writing
     def record(self, device_id: str, fingerprint: dict, variant: VariantKey, N: int, D: int, M: int,
                cvtype: str, dtype: str, status: str, seconds: float | None = None,
-               cov_seconds: float | None = None, repeats: int = 1) -> Row:
-        """Queue one timing (``status="ok"``) or failure; it is visible to :meth:`view` at once."""
+               cov_seconds: float | None = None, repeats: int = 1, threads: int | None = None) -> Row:
+        """Queue one timing (``status="ok"``) or failure; it is visible to :meth:`view` at once.
+
+        ``threads``: the CPU threads the run used (a property of the run, not of the device)."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if status == "ok" and (seconds is None or not seconds > 0):
@@ -388,7 +394,7 @@ class History:
         row = Row(device_id, variant, int(N), int(D), int(M), cvtype, dtype, status,
                   None if seconds is None else float(seconds),
                   None if cov_seconds is None else float(cov_seconds), int(repeats),
-                  package_version=self.package_version)
+                  package_version=self.package_version, threads=None if threads is None else int(threads))
         with self._lock:
             if device_id not in self._fingerprints:
                 self._fingerprints[device_id] = dict(fingerprint)
@@ -433,9 +439,9 @@ class History:
                 for i in range(0, len(uids), 500):
                     existing.update(conn.execute(select(Timing.uid).where(Timing.uid.in_(uids[i:i + 500]))).scalars())
             cols = ("uid", "device_id", "variant_id", "N", "D", "M", "cvtype", "dtype", "seconds", "cov_seconds",
-                    "repeats", "status", "created_at", "package_version")
+                    "repeats", "status", "created_at", "package_version", "threads")
             values = [(r.uid, r.device_id, self._variant_id(conn, r.variant), r.N, r.D, r.M, r.cvtype, r.dtype,
-                       r.seconds, r.cov_seconds, r.repeats, r.status, r.created_at, r.package_version)
+                       r.seconds, r.cov_seconds, r.repeats, r.status, r.created_at, r.package_version, r.threads)
                       for r in rows if r.uid not in existing]
             if values and self.is_sqlite:
                 # the driver's executemany: SQLAlchemy's per-row bind processing costs ~15 us a row,
@@ -443,7 +449,7 @@ class History:
                 # stored as the same text SQLAlchemy's DateTime writes on SQLite.
                 sql = (f"INSERT INTO {Timing.__tablename__} ({', '.join(cols)}) "
                        f"VALUES ({', '.join('?' * len(cols))})")
-                conn.exec_driver_sql(sql, [v[:12] + (v[12].isoformat(sep=" ", timespec="microseconds"), v[13])
+                conn.exec_driver_sql(sql, [v[:12] + (v[12].isoformat(sep=" ", timespec="microseconds"),) + v[13:]
                                            for v in values])
             elif values:
                 conn.execute(Timing.__table__.insert(), [dict(zip(cols, v)) for v in values])
@@ -453,17 +459,8 @@ class History:
         if device_id in self._known_devices:
             return
         if conn.execute(select(Device.id).where(Device.id == device_id)).first() is None:
-            cores = fp.get("threads", fp.get("cores", fp.get("sms", fp.get("multiprocessors", 0))))
-            isa = fp.get("isa", fp.get("compute_capability", fp.get("cc", "")))
-            cores = int(cores) if str(cores).isdigit() and len(str(cores)) < 10 else 0   # fits the column
             conn.execute(Device.__table__.insert().values(
-                id=device_id, backend=str(fp.get("backend", ""))[:32],
-                model=str(fp.get("model", fp.get("device", fp.get("name", ""))))[:256],
-                isa=(",".join(map(str, isa)) if isinstance(isa, (list, tuple)) else str(isa))[:512],
-                cores=cores,
-                driver=str(fp.get("driver", fp.get("cuda_driver", "")))[:256],
-                compiler=str(fp.get("compiler", fp.get("nvcc", "")))[:512],
-                fingerprint=canonical_json(fp), created_at=_now()))
+                id=device_id, **device_of(fp).columns(), fingerprint=canonical_json(fp), created_at=_now()))
         self._known_devices.add(device_id)
 
     def _variant_id(self, conn, key: VariantKey) -> int:
@@ -499,7 +496,8 @@ class History:
         T, V = Timing.__table__.c, Variant.__table__.c
         at = type_coerce(T.created_at, String) if self.is_sqlite else T.created_at
         q = (select(T.id, T.uid, T.device_id, V.backend, V.name, V.tunables, V.source_sha256, T.N, T.D, T.M,
-                    T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, at, T.package_version)
+                    T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, at, T.package_version,
+                    T.threads)
              .join_from(Timing.__table__, Variant.__table__, T.variant_id == V.id)
              .where(T.id > since_id))
         if device_id is not None:
@@ -511,7 +509,7 @@ class History:
             q = q.limit(limit)
         keys: dict = {}
         out, bad = [], []
-        for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv) in conn.execute(q):
+        for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr) in conn.execute(q):
             k = (vb, vn, vt, vs)
             vk = keys.get(k)
             try:
@@ -525,7 +523,8 @@ class History:
             except _Bad as b:
                 bad.append((id_, f"{b.field} {b.why}"))
                 continue
-            out.append(Row(dev, vk, N, D, M, cv, dt, st, sec, csec, rep, when, pv or "", uid, id_))
+            out.append(Row(dev, vk, N, D, M, cv, dt, st, sec, csec, rep, when, pv or "", uid, id_,
+                           thr if isinstance(thr, int) and not isinstance(thr, bool) else None))
         return out, bad
 
     def _warn_damaged(self, bad) -> None:
@@ -656,6 +655,8 @@ class History:
             raise HistoryError(f"cannot read {path} as an asp_gmm history export: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise HistoryError(f"{path} is not an asp_gmm history export (written by `asp-gmm history export`)")
+        if doc.get("schema_version") == 1 and isinstance(doc.get("devices"), list):
+            doc = _export_from_1(doc)
         if doc.get("schema_version") != SCHEMA_VERSION:
             raise SchemaMismatchError(
                 f"{path} has schema version {doc.get('schema_version')}, this asp_gmm uses {SCHEMA_VERSION}; "
@@ -778,11 +779,11 @@ def _text(v, field: str, maxlen: int, empty_ok: bool = False) -> str:
 
 def _check_values(N, D, M, cvtype, dtype, status, seconds, cov_seconds, repeats) -> None:
     """Raise :class:`_Bad` for a timing's values that no asp_gmm writes."""
-    for field, v in (("N", N), ("D", D), ("M", M)):
-        _int(v, field)
-    for field, v, known in (("cvtype", cvtype, CVTYPES), ("dtype", dtype, DTYPES), ("status", status, STATUSES)):
+    for name, v in (("N", N), ("D", D), ("M", M)):
+        _int(v, name)
+    for name, v, known in (("cvtype", cvtype, CVTYPES), ("dtype", dtype, DTYPES), ("status", status, STATUSES)):
         if v not in known:
-            raise _Bad(field, f"must be one of {', '.join(known)}, got {_show(v)}")
+            raise _Bad(name, f"must be one of {', '.join(known)}, got {_show(v)}")
     if _seconds(seconds, "seconds") is None and status == "ok":
         raise _Bad("seconds", "must be a positive number of seconds for an ok timing, got null")
     _seconds(cov_seconds, "cov_seconds", ok_zero=True)
@@ -874,10 +875,97 @@ def _parse_export(doc: dict, path) -> tuple:
             _check_values(N, D, M, cvtype, dtype, status, seconds, cov_seconds, repeats)
             created_at = _timestamp(t.get("created_at"))
             pv = _text(t.get("package_version", ""), "package_version", 32, empty_ok=True)
+            threads = t.get("threads")
+            if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
+                                        or not 0 < threads <= INT_MAX):
+                raise _Bad("threads", f"must be a positive integer or null, got {_show(threads)}")
         except _Bad as b:
             raise fail(f"timings[{i}]", b) from None
         rows.append(Row(device_id=dev, variant=VariantKey(backend, name, tunables, sha), N=N, D=D, M=M,
                         cvtype=cvtype, dtype=dtype, status=status, seconds=_seconds(seconds, "seconds"),
                         cov_seconds=_seconds(cov_seconds, "cov_seconds", ok_zero=True), repeats=repeats,
-                        created_at=created_at, package_version=pv, uid=uid))
+                        created_at=created_at, package_version=pv, uid=uid, threads=threads))
     return devices, rows
+
+
+# ---------------------------------------------------------------------------------- migrations
+def merge_cpu_devices(devices: dict) -> tuple:
+    """Schema 1 -> 2 for fingerprints: one CPU is one device.
+
+    Schema 1 put the threads setting in force into a CPU's fingerprint, so one CPU appeared as one
+    device per thread count. The devices whose fingerprints differ only in ``threads`` become one
+    device whose ``threads`` is the largest count seen (the best known bound of its hardware threads);
+    the old count moves to each timing (``timings.threads``).
+
+    Parameters
+    ----------
+    devices : dict
+        ``{device_id: fingerprint dict}``.
+
+    Returns
+    -------
+    new_devices : dict
+        ``{device_id: fingerprint dict}`` after merging (other devices unchanged).
+    moves : dict
+        ``{old_id: (new_id, old threads)}`` of each CPU device that was renamed or merged.
+    """
+    groups: dict = {}
+    for did, fp in devices.items():
+        if isinstance(fp, dict) and fp.get("backend") == "c" and isinstance(fp.get("threads"), int):
+            rest = canonical_json({k: v for k, v in fp.items() if k != "threads"})
+            groups.setdefault(rest, []).append(did)
+    new_devices, moves = dict(devices), {}
+    for ids in groups.values():
+        fp = dict(devices[ids[0]])
+        fp["threads"] = max(devices[i]["threads"] for i in ids)
+        new_id = _device_id(fp)
+        for i in ids:
+            new_devices.pop(i, None)
+            if i != new_id:
+                moves[i] = (new_id, devices[i]["threads"])
+            else:
+                moves[i] = (i, devices[i]["threads"])
+        new_devices[new_id] = fp
+    return new_devices, moves
+
+
+def migrate_1_to_2(conn) -> None:
+    """Upgrade a schema-1 history in place (inside the caller's write transaction), keeping every row:
+    add ``timings.threads``, merge one CPU's devices (:func:`merge_cpu_devices`), and rewrite every
+    device's columns from its typed fingerprint (a CUDA device had ``cores = 0`` and ``isa = ""``)."""
+    T, Dv = Timing.__table__, Device.__table__
+    conn.exec_driver_sql(f"ALTER TABLE {T.name} ADD COLUMN threads INTEGER")
+    old = {}
+    for did, text, created in conn.execute(select(Dv.c.id, Dv.c.fingerprint, Dv.c.created_at)):
+        try:
+            old[did] = (json.loads(text), created)
+        except (TypeError, ValueError):
+            continue                       # unreadable: left for `asp-gmm history repair`
+    new_devices, moves = merge_cpu_devices({d: fp for d, (fp, _) in old.items()})
+    for old_id, (new_id, threads) in moves.items():
+        if conn.execute(select(Dv.c.id).where(Dv.c.id == new_id)).first() is None:
+            conn.execute(Dv.insert().values(id=new_id, **device_of(new_devices[new_id]).columns(),
+                                            fingerprint=canonical_json(new_devices[new_id]),
+                                            created_at=old[old_id][1] or _now()))
+        conn.execute(T.update().where(T.c.device_id == old_id).values(device_id=new_id, threads=threads))
+        if old_id != new_id:
+            conn.execute(delete(Device).where(Dv.c.id == old_id))
+    for did, fp in new_devices.items():
+        if isinstance(fp, dict):
+            conn.execute(Dv.update().where(Dv.c.id == did).values(**device_of(fp).columns(),
+                                                                    fingerprint=canonical_json(fp)))
+    conn.execute(SchemaInfo.__table__.update().where(SchemaInfo.__table__.c.id == 1).values(version=2))
+
+
+def _export_from_1(doc: dict) -> dict:
+    """A schema-1 export document read as schema 2 (the same merge as :func:`migrate_1_to_2`)."""
+    devs = {d.get("id"): d.get("fingerprint") for d in doc["devices"] if isinstance(d, dict)}
+    new_devices, moves = merge_cpu_devices(devs)
+    timings = []
+    for t in doc.get("timings", []) if isinstance(doc.get("timings"), list) else []:
+        if isinstance(t, dict) and t.get("device_id") in moves:
+            new_id, threads = moves[t["device_id"]]
+            t = {**t, "device_id": new_id, "threads": threads}
+        timings.append(t)
+    return {**doc, "schema_version": 2, "devices": [{"id": d, "fingerprint": fp} for d, fp in new_devices.items()],
+            "timings": timings}

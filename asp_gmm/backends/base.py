@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,10 +55,13 @@ class Kernel:
     binary: str = ""             # path of the cached binary, if any
 
     @property
+    def config(self) -> registry.Config:
+        """The variant with its tunables (:class:`asp_gmm.registry.Config`) this kernel was compiled from."""
+        return registry.Config(self.variant, tuple(sorted(self.tunables.items())))
+
+    @property
     def label(self) -> str:
-        if not self.tunables:
-            return self.variant.name
-        return self.variant.name + "(" + ",".join(f"{k}={v}" for k, v in sorted(self.tunables.items())) + ")"
+        return self.config.label
 
 
 class Session(abc.ABC):
@@ -80,9 +81,28 @@ class Session(abc.ABC):
     def params(self):
         """Return float64 copies ``(weights, means, covars)``."""
 
-    @abc.abstractmethod
-    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
-        """Run up to ``max_iters`` EM iterations with ``kernel`` computing the covariance."""
+    def em(self, kernel: Kernel, *legacy, min_iters: int | None = None, max_iters: int | None = None,
+           tol: float | None = None, reg_covar: float | None = None) -> EMRun:
+        """Run up to ``max_iters`` EM iterations with ``kernel`` computing the covariance, stopping once
+        :func:`asp_gmm.reference.converged` holds (at least ``min_iters`` done).
+
+        Call it with keywords: ``em(kernel, min_iters=1, max_iters=10, tol=1e-3, reg_covar=1e-6)``.
+        Positional values are read in the old order ``(max_iters, min_iters, tol, reg_covar)`` for
+        callers not yet converted (the specializer and the CUDA backend, until their split).
+        Backends implement :meth:`_em`.
+        """
+        if legacy:
+            if len(legacy) != 4:
+                raise TypeError("em(kernel, min_iters=..., max_iters=..., tol=..., reg_covar=...): pass keywords")
+            max_iters, min_iters, tol, reg_covar = legacy
+        if None in (min_iters, max_iters, tol, reg_covar):
+            raise TypeError("em() needs min_iters, max_iters, tol and reg_covar (keywords)")
+        return self._em(kernel, min_iters=int(min_iters), max_iters=int(max_iters), tol=float(tol),
+                        reg_covar=float(reg_covar))
+
+    def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
+        """The backend's EM loop (see :meth:`em`)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither em nor _em")
 
     @abc.abstractmethod
     def loglik(self) -> float:
@@ -122,8 +142,8 @@ class Backend(abc.ABC):
     @property
     def device_id(self) -> str:
         """sha256 (first 16 hex digits) of the fingerprint: the device part of every stored key."""
-        fp = json.dumps(self.fingerprint(), sort_keys=True)
-        return hashlib.sha256(fp.encode()).hexdigest()[:16]
+        from ..tuning_db.devices import device_id    # no database import: the history's one formula
+        return device_id(self.fingerprint())
 
     def covariance_variants(self, problem: Problem | None = None) -> list:
         """This backend's covariance variants (those whose declared limits allow ``problem`` with some
@@ -254,7 +274,11 @@ class StatsRunner:
         """Parameters (float64) of the following :meth:`stats` calls; raises
         :class:`asp_gmm.errors.NotPositiveDefiniteError`."""
         from .. import reference as ref
-        ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)
+        from ..errors import from_reference
+        try:
+            ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)
+        except ref.NotPositiveDefiniteError as exc:
+            raise from_reference(exc) from None
         self._params = (np.array(weights, np.float64), np.array(means, np.float64),
                         np.array(covars, np.float64), float(reg_covar))
 
@@ -267,7 +291,8 @@ class StatsRunner:
             logprob, resp = session.eval(True)
         ll = float(np.sum(logprob, dtype=np.float64))
         if not np.isfinite(ll):
-            raise FloatingPointError(f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer "
+            from ..errors import NonFiniteError
+            raise NonFiniteError(f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer "
                                      "components, or scale the data")
         return stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
 
@@ -285,9 +310,9 @@ class StatsRunner:
 def block_rows_for(problem: Problem, default_bytes: int) -> int:
     """Rows of ``problem``'s data and posteriors (D + M values each) that fit ``ASP_GMM_BLOCK_BYTES``
     bytes (``default_bytes`` where unset), at least 256."""
-    import os
+    from ..config import settings
     from ..errors import SettingError
-    raw = os.environ.get("ASP_GMM_BLOCK_BYTES", "").strip()
+    raw = settings().block_bytes
     nbytes = default_bytes
     if raw:
         try:

@@ -25,7 +25,8 @@ import cffi
 import numpy as np
 
 from .. import cache, registry
-from ..errors import KernelError, NotPositiveDefiniteError
+from ..config import settings
+from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, BlockStats, EMRun, Kernel, Session, StatsRunner, block_rows_for
 
@@ -42,7 +43,7 @@ int asp_estep(asp_state *s);
 double asp_loglik(asp_state *s);
 int asp_bad_component(asp_state *s);
 const char *asp_error(asp_state *s);
-int asp_em(asp_state *s, void *cov_fn, int moments, int max_iters, int min_iters, double tol, double reg_covar,
+int asp_em(asp_state *s, void *cov_fn, int moments, int min_iters, int max_iters, double tol, double reg_covar,
            double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds,
            double *ll_trace);
 int asp_covariance(const void *view, double *acc);
@@ -58,7 +59,7 @@ COND_LIMIT = {"float32": 1e10, "float64": 1e15}
 
 
 def _compiler() -> list:
-    return (os.environ.get("ASP_GMM_CC") or os.environ.get("CC") or "gcc").split()
+    return settings().c_compiler()
 
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
@@ -100,17 +101,18 @@ class CBackend(Backend):
     def unavailable_reason(cls):
         cc = _compiler()
         if not cc or shutil.which(cc[0]) is None:
-            where = ("from ASP_GMM_CC" if os.environ.get("ASP_GMM_CC") else "from CC" if os.environ.get("CC")
-                     else "the default; ASP_GMM_CC and CC are not set")
+            where = settings().c_compiler_origin()
             return (f"the C compiler {(cc or [''])[0]!r} ({where}) was not found; install gcc (apt-get install gcc) "
                     "or set ASP_GMM_CC to a C compiler")
         return None
 
     # ------------------------------------------------------------------ device
     def fingerprint(self) -> dict:
+        """The CPU (:class:`asp_gmm.tuning_db.devices.CpuFingerprint`): ``threads`` are its hardware
+        threads; the threads a call uses (``ASP_GMM_NUM_THREADS``) belong to the run, not the device."""
         cpu = _cpu()
         return {"backend": "c", "model": cpu["model"], "isa": cpu["isa"], "arch": cpu["arch"],
-                "threads": _omp_threads(), "compiler": cache.tool_version(_compiler())}
+                "threads": os.cpu_count() or 1, "compiler": cache.tool_version(_compiler())}
 
     # ------------------------------------------------------------------ compiling
     def _context(self, problem: Problem) -> dict:
@@ -244,11 +246,10 @@ def _llc_bytes() -> int:
 
 @lru_cache(maxsize=1)
 def _omp_threads() -> int:
-    env = os.environ.get("ASP_GMM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS", "")
-    try:
-        return int(env.split(",")[0])
-    except ValueError:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    asked = settings().threads()
+    if asked is not None:
+        return asked
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class CSession(Session):
@@ -308,7 +309,7 @@ class CSession(Session):
         if rc == _ERR_NOT_PD:
             raise NotPositiveDefiniteError(int(self._lib.asp_bad_component(self._state)), reg_covar)
         if rc == _ERR_NONFINITE:
-            raise FloatingPointError(msg)
+            raise NonFiniteError(msg)
         if rc == _ERR_ALLOC:
             raise MemoryError(msg)
         raise KernelError(msg or f"C kernel failed with code {rc}")
@@ -361,13 +362,13 @@ class CSession(Session):
             self._error = exc
             return 1
 
-    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
+    def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         n = max(int(max_iters), 1)
         it_s, cov_s, trace = np.zeros(n), np.zeros(n), np.zeros(n + 1)
         ll, iters, conv = ffi.new("double *"), ffi.new("int *"), ffi.new("int *")
         moments = _wants_moments(kernel.variant, self.problem)
         self._resp_written = False
-        rc = self._lib.asp_em(self._state, self._fn(kernel), int(moments), int(max_iters), int(min_iters),
+        rc = self._lib.asp_em(self._state, self._fn(kernel), int(moments), int(min_iters), int(max_iters),
                               float(tol), float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s),
                               _dptr(trace))
         self._check(rc, reg_covar)

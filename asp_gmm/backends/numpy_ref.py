@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from .. import reference as ref
+from ..errors import NonFiniteError, from_reference
 from ..problem import Problem
 from .base import Backend, EMRun, Kernel, Session, StatsRunner, stats_from_posteriors
 
@@ -42,7 +43,10 @@ class NumpySession(Session):
         self._cache = None
 
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
-        ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)  # raises if not PD
+        try:
+            ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)  # raises if not PD
+        except ref.NotPositiveDefiniteError as exc:
+            raise from_reference(exc) from None
         self.weights = np.array(weights, np.float64)
         self.means = np.array(means, np.float64)
         self.covars = np.array(covars, np.float64)
@@ -53,15 +57,19 @@ class NumpySession(Session):
 
     def _estep(self, reg_covar=None):
         if self._cache is None:
-            self._cache = ref.estep(self.X, self.weights, self.means, self.covars, self.problem.cvtype, reg_covar)
+            try:
+                self._cache = ref.estep(self.X, self.weights, self.means, self.covars, self.problem.cvtype,
+                                        reg_covar)
+            except (ref.NotPositiveDefiniteError, ref.NonFiniteError) as exc:
+                raise from_reference(exc) from None
             ll = float(self._cache[0].sum())
             if not np.isfinite(ll):
-                raise FloatingPointError(
+                raise NonFiniteError(
                     f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer components, "
                     "or scale the data")
         return self._cache
 
-    def em(self, kernel, max_iters, min_iters, tol, reg_covar) -> EMRun:
+    def _em(self, kernel, *, min_iters, max_iters, tol, reg_covar) -> EMRun:
         cv = self.problem.cvtype
         logprob, resp = self._estep(reg_covar)
         ll = float(logprob.sum())
@@ -78,9 +86,9 @@ class NumpySession(Session):
             it_s.append(time.perf_counter() - t0)
             iters += 1
             new = float(logprob.sum())
-            change, ll = (new - ll) / N, new
+            change, ll = ref.change_per_event(new, ll, N), new
             trace.append(ll)
-            if iters >= min_iters and abs(change) < tol:
+            if ref.converged(iters, min_iters, change, tol):
                 conv = True
                 break
         return EMRun(ll, iters, conv, it_s, cov_s, trace)
@@ -99,10 +107,13 @@ class NumpyStatsRunner(StatsRunner):
 
     def stats(self, X):
         w, mu, cv, reg = self._params
-        logprob, resp = ref.estep(X, w, mu, cv, self.problem.cvtype, reg)
+        try:
+            logprob, resp = ref.estep(X, w, mu, cv, self.problem.cvtype, reg)
+        except (ref.NotPositiveDefiniteError, ref.NonFiniteError) as exc:
+            raise from_reference(exc) from None
         st = stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
         if not np.isfinite(st.loglik):
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer components, "
                 "or scale the data")
         return st

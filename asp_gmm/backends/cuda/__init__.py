@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from .backend import (PAD_BELOW_WORK, CudaBackend, binary_problem, component_class, estep_candidates,
                       estep_variants)
-from .compile import (COND_LIMIT, NVCC_FLAGS, _class_problem, binary_name, compile_cubin, compile_variant,
-                      cubin_path, nvcc_command, render_source)  # noqa: F401
+from .compile import (COND_LIMIT, NVCC_FLAGS, _class_problem, binary_name, compile_cubin,  # noqa: F401
+                      compile_variant, cubin_path, nvcc_command, render_source)
 from .device import _DEFAULT_LIMITS, _Device, _driver, _probe  # noqa: F401  (tests, scripts)
 from .launch import ARG_TYPES, CORE_SIGNATURES, COV_ARGS, ESTEP_ARGS, Launch, _Module, launches, pluggable  # noqa: F401
 from .memory import LDN_ALIGN, POOL_IDLE, POOL_IDLE_BYTES, RESIDENT_BYTES, DeviceMemory, _capacity  # noqa: F401

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import inspect
 import math
-import os
 import threading
 
 import numpy as np
@@ -34,6 +33,7 @@ from .device import _DEFAULT_LIMITS, _Device, _probe
 from .launch import COV_ARGS, CORE_SIGNATURES, ESTEP_ARGS, Launch, _Module, launches, pluggable
 from .memory import DeviceMemory
 from .session import CudaSession
+from ...config import settings
 
 #: Problems under this many multiply-adds per EM iteration (Problem.work) run on the binary of their
 #: component class. An iteration of that size takes a few milliseconds on a current GPU, so the at
@@ -108,7 +108,7 @@ class CudaBackend(Backend):
         reason = self.unavailable_reason()
         if reason:
             raise BackendUnavailableError(reason)
-        self._ordinal = int(os.environ.get("ASP_GMM_CUDA_DEVICE", "0")) if ordinal is None else ordinal
+        self._ordinal = int(settings().cuda_device or "0") if ordinal is None else ordinal
         self._device = None
         self._lock = threading.RLock()
         self._modules: dict = {}
@@ -221,7 +221,7 @@ class CudaBackend(Backend):
         """(variant, tunables) of the E-step for ``problem``, as the backend's policy chooses
         (:meth:`asp_gmm.selection.Policy.choose_estep`; ``$ASP_GMM_CUDA_ESTEP`` pins one). Memoised
         per policy by shape and N class (half-octaves, as the history groups timings)."""
-        pinned = os.environ.get("ASP_GMM_CUDA_ESTEP") or None
+        pinned = settings().cuda_estep or None
         policy = self._policy()
         key = (id(policy), pinned, problem.D, problem.M, problem.cvtype, problem.dtype,
                round(2 * math.log2(max(problem.N, 1))) if problem.N else 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 from ... import cache, registry
 from ...problem import Problem
 from ..base import Kernel
+from ...config import settings
 
 #: Covariance condition limits (squared pivot ratio) by working precision (as the C backend).
 COND_LIMIT = {"float32": 1e10, "float64": 1e15}
@@ -22,7 +23,7 @@ NVCC_FLAGS = ["--cubin", "-O3", "--use_fast_math", "-std=c++17"]
 
 def nvcc_command() -> list:
     """The nvcc command: ``$ASP_GMM_NVCC``, else nvcc on PATH, else the toolkit's default place."""
-    env = os.environ.get("ASP_GMM_NVCC")
+    env = settings().nvcc
     if env:
         return env.split()
     found = shutil.which("nvcc")

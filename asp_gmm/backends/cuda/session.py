@@ -14,16 +14,18 @@ on the launch that caused them.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 
 from ... import cuda_arrays
-from ...errors import KernelError, NotPositiveDefiniteError
+from ...errors import KernelError, NonFiniteError, NotPositiveDefiniteError
+from ...reference import change_per_event
+from ...reference import converged as converged_rule
 from ...problem import Problem
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
 from .memory import _transpose_on_device, _upload_transposed
+from ...config import settings
 
 _INT_MAX = 2**31 - 1
 
@@ -62,7 +64,7 @@ class CudaSession(Session):
         self._launched = []
         self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
         self.phase_seconds = []
-        self._sync_each = os.environ.get("ASP_GMM_CUDA_SYNC", "0") not in ("", "0")
+        self._sync_each = settings().cuda_sync
         b = self.buf
         try:
             if b.last_n is not None and b.last_n != problem.N:
@@ -216,7 +218,7 @@ class CudaSession(Session):
     @staticmethod
     def _check_ll(ll):
         if not math.isfinite(ll):
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"the log-likelihood is not finite ({ll}): a component has collapsed onto a few events or "
                 "the data has an extreme range. Increase reg_covar, use fewer components, or scale the data.")
 
@@ -257,7 +259,7 @@ class CudaSession(Session):
         m = self.m_live
         return get("w64", (M,))[:m], get("mu64", (M, D))[:m], get("cov64", cshape)[:m]
 
-    def em(self, kernel: Kernel, max_iters: int, min_iters: int, tol: float, reg_covar: float) -> EMRun:
+    def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         mod = kernel.handle
         b, N = self.buf, self.problem.N
         it_s, cov_s = [], []
@@ -303,10 +305,10 @@ class CudaSession(Session):
                 # (moments + means, covariance, factor + E-step) of each iteration: benchmarks/gpu.py
                 self.phase_seconds.append((e[1].time_since(e[0]) * 1e-3, cov_s[-1], e[3].time_since(e[2]) * 1e-3))
                 iters += 1
-                change, ll = (new_ll - ll) / N, new_ll
+                change, ll = change_per_event(new_ll, ll, N), new_ll
                 self._ll = ll
                 trace.append(float(ll))
-                if iters >= min_iters and abs(change) < tol:
+                if converged_rule(iters, min_iters, change, tol):
                     converged = True
                     break
         return EMRun(float(ll), iters, converged, it_s, cov_s, trace)

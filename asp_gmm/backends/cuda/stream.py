@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-from ...errors import KernelError
+from ...errors import KernelError, NonFiniteError
 from ...problem import Problem
 from ..base import BlockStats, StatsRunner
 
@@ -150,7 +150,7 @@ class CudaStatsRunner(StatsRunner):
             raise KernelError(f"a CUDA kernel of streamed EM failed: {exc}") from None
         ll = float(self.res_stat[s][0])
         if not math.isfinite(ll):
-            raise FloatingPointError(
+            raise NonFiniteError(
                 f"the log-likelihood is not finite ({ll}): a component has collapsed onto a few events or the data "
                 "has an extreme range. Increase reg_covar, use fewer components, or scale the data.")
         nk = self.res_nk[s][:m].copy()

@@ -1,10 +1,8 @@
-"""V6 (tensor-core diagonal covariance) probe: one M-step on the GPU, read back V6's scratch, and
-compare its *unguarded* tensor-core centring S2 - 2 mu' S1 + mu'^2 S0 with the exact float64 sum
-sum_n r (x - mu)^2 for every (component, dimension), binned by the cancellation ratio S2 / sum.
-This is how RATIO_LIMIT in variants/cuda/cov_v6.cu.j2 was chosen; tests/test_cuda_v6.py uses
-``mstep_probe`` to check which components the guard flags.
+"""GPU test helpers (imported by tests/test_cuda_v6.py and tests/test_cuda_v7.py).
 
-    python3 benchmarks/v6_probe.py            # prints max relative error per ratio bin
+``mstep_probe`` runs one M-step of V6 on the GPU and reads back its scratch, to compare the unguarded
+tensor-core centring with the exact float64 sums; ``labelled_blobs`` makes blobs with the parameters of
+their true labelling.
 """
 from __future__ import annotations
 
@@ -78,31 +76,3 @@ def labelled_blobs(rng, N, D, M, spread, scale, offset):
     mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
     cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
     return X, w, mu, cv
-
-
-def main():
-    rng = np.random.default_rng(5)
-    bins = [1, 4, 16, 64, 256, 1024, 4096, 1e9]
-    rows = []
-    for (N, D, M, spread, scale, offset) in [(200_000, 36, 16, 3.0, 1.0, 0.0), (200_000, 36, 16, 3.0, 1.0, 1000.0),
-                                            (200_000, 19, 8, 10.0, 1.0, 0.0), (200_000, 36, 16, 30.0, 0.3, 0.0),
-                                            (200_000, 12, 16, 100.0, 0.1, 50.0), (500_000, 36, 128, 3.0, 1.0, 0.0)]:
-        X, w, mu, cv = labelled_blobs(rng, N, D, M, spread, scale, offset)
-        pr = mstep_probe(X, w, mu, cv)
-        rel = np.abs(pr["tc"] - pr["exact"]) / pr["exact"]
-        grel = np.abs(pr["acc"] - pr["exact"]) / pr["exact"]
-        for lo, hi in zip(bins[:-1], bins[1:]):
-            sel = (pr["ratio"] >= lo) & (pr["ratio"] < hi)
-            if sel.any():
-                rows.append((f"{N},{D},{M} spread {spread} scale {scale} +{offset}", f"[{lo:g},{hi:g})",
-                             int(sel.sum()), float(rel[sel].max()), float(np.median(rel[sel])), float(grel[sel].max())))
-        print(f"case {N},{D},{M} spread {spread}: flagged {int(pr['flags'].sum())}/{M}, guarded max rel err "
-              f"{float(grel.max()):.2e}; launches (ms) {pr['launch_ms']}")
-    print("| case | ratio S2/sum | cells | max rel err (unguarded TC) | median | max rel err (guarded, what V6 returns) |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.2e} | {r[4]:.2e} | {r[5]:.2e} |")
-
-
-if __name__ == "__main__":
-    main()
