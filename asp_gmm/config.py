@@ -29,6 +29,13 @@ SETTINGS = {
     "ASP_GMM_CUDA_ESTEP": ("unset (the policy chooses)", "pins the CUDA E-step variant by name"),
     "ASP_GMM_CUDA_SYNC": ("off", "`1`: synchronise after every CUDA launch (debugging)"),
     "ASP_GMM_DEBUG": ("off", "`1`: the CLI shows tracebacks of unexpected errors"),
+    "ASP_GMM_DEVICE_BUDGET": ("`ASP_GMM_MEMORY_FRACTION` of free memory",
+                              "bytes an in-memory fit may take on the device; larger X is streamed"),
+    "ASP_GMM_MEMORY_FRACTION": ("0.5", "share of the device's free memory that is the budget"),
+    "ASP_GMM_BLOCK_BYTES": ("last-level cache, at least 8 MiB (C); 1 GiB (CUDA); 64 MiB (others)",
+                            "data and posteriors per block of streamed EM"),
+    "ASP_GMM_CHUNK_BYTES": ("64 MiB", "bytes read at a time from an array-like source (rounded to its chunking)"),
+    "ASP_GMM_PROGRESS": ("`auto`", "progress bar of streamed fits: `auto`, `1`, `0`"),
 }
 
 
@@ -51,6 +58,12 @@ class Settings:
     cuda_estep: str = ""
     cuda_sync: bool = False
     debug: bool = False
+    # streamed EM (asp_gmm/streaming.py parses and checks them: messages name the setting)
+    device_budget: str = ""
+    memory_fraction: str = ""
+    block_bytes: str = ""
+    chunk_bytes: str = ""
+    progress: str = ""
     # fallbacks that are not ours but are read here too, so that one place says what was used
     env_cc: str = ""
     omp_num_threads: str = ""
@@ -69,7 +82,10 @@ class Settings:
             num_threads=get("ASP_GMM_NUM_THREADS"), nvcc=get("ASP_GMM_NVCC"),
             nvrtc=get("ASP_GMM_NVRTC").lower() not in _FALSE, cuda_device=get("ASP_GMM_CUDA_DEVICE"),
             cuda_estep=get("ASP_GMM_CUDA_ESTEP"), cuda_sync=get("ASP_GMM_CUDA_SYNC") not in ("", "0"),
-            debug=get("ASP_GMM_DEBUG") not in ("", "0"), env_cc=get("CC"), omp_num_threads=get("OMP_NUM_THREADS"))
+            debug=get("ASP_GMM_DEBUG") not in ("", "0"), device_budget=get("ASP_GMM_DEVICE_BUDGET"),
+            memory_fraction=get("ASP_GMM_MEMORY_FRACTION"), block_bytes=get("ASP_GMM_BLOCK_BYTES"),
+            chunk_bytes=get("ASP_GMM_CHUNK_BYTES"), progress=get("ASP_GMM_PROGRESS"), env_cc=get("CC"),
+            omp_num_threads=get("OMP_NUM_THREADS"))
 
     # ------------------------------------------------------------------ derived values
     def c_compiler(self) -> list:

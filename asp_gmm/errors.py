@@ -115,6 +115,17 @@ class UnsafeCacheError(CacheError, PermissionError):
     what is wrong and the fix."""
 
 
+class StreamError(ASPGMMError, ValueError):
+    """A chunk source (a memmap, an h5py/zarr dataset, a callable yielding row chunks) gave data that
+    cannot be trained on: a chunk of the wrong width or type, NaN or infinity (the message names the
+    chunk and the row), no rows at all, or different rows on a later pass."""
+
+
+class SettingError(ASPGMMError, ValueError):
+    """An ``ASP_GMM_*`` environment setting has a value that cannot be used; the message names the
+    setting, the value and what it accepts."""
+
+
 def from_reference(exc: BaseException) -> BaseException:
     """The package's class for an exception :mod:`asp_gmm.reference` raised (others unchanged).
 

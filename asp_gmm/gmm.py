@@ -12,7 +12,8 @@ import numbers
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import frozen
+from . import cuda_arrays, frozen, streaming
+from .errors import StreamError
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import Problem
 from .specializer import Specializer
@@ -199,11 +200,87 @@ class GMM:
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
 
+    def _cuda_data(self, X, method: str, min_events: int = 1):
+        """A CUDA array (PyTorch, CuPy, ``__cuda_array_interface__``/DLPack) checked like
+        :func:`check_data`, on its device, in the model's dtype (converted there if needed)."""
+        X = cuda_arrays.in_dtype(X, self.dtype)
+        info = cuda_arrays.describe(X)
+        shape = info["shape"]
+        call = "" if method == "train" else f" to {method}()"
+        if len(shape) != 2:
+            raise ValueError(f"X must be 2-D (N events, D dimensions), got shape {shape}")
+        if shape[0] == 0:
+            raise ValueError(f"X is empty (0 events); pass at least {max(min_events, 1)} events{call}")
+        if shape[1] != self.D:
+            raise ValueError(f"X has {shape[1]} dimensions but the model has D={self.D}; pass data of shape "
+                             f"(N, {self.D}) or build GMM(M, {shape[1]})")
+        if shape[0] < min_events:
+            raise ValueError(f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer "
+                             "components or more data")
+        bad = cuda_arrays.first_non_finite(X)
+        if bad is not None:
+            raise ValueError(f"X contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); remove or impute "
+                             "those events before " + ("training" if method == "train" else f"{method}()"))
+        return X
+
+    def _seed_device(self, X) -> int:
+        """:meth:`_seed` for a CUDA array (statistics on its device); returns N."""
+        n = cuda_arrays.describe(X)["shape"][0]
+        if self.means is not None and self.covars is not None and self.weights is not None:
+            return n
+        n, _mean, cov = cuda_arrays.seed_stats(X, self.cvtype)
+        self._check_variance(np.diag(cov) if self.cvtype == "full" else cov)
+        if self.means is None:
+            if self.seed is None:
+                idx = (np.arange(self.M) * n) // self.M
+            else:
+                idx = np.sort(np.random.default_rng(self.seed).choice(n, self.M, replace=False))
+            self.means = cuda_arrays.rows(X, idx).astype(self.dtype)
+        if self.covars is None:
+            if self.cvtype == "full":
+                full = 0.5 * (cov + cov.T) + self.reg_covar * np.eye(self.D)
+                self.covars = np.repeat(full[None], self.M, axis=0).astype(self.dtype)
+            else:
+                self.covars = np.repeat((cov + self.reg_covar)[None], self.M, axis=0).astype(self.dtype)
+            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
+                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
+                                 "drop constant features")
+        if self.weights is None:
+            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
+        return n
+
+    def _seed_stream(self, X):
+        """``(source, N)`` for a streamed fit; missing parameters seeded as :meth:`_seed` does, from
+        one pass (two for a callable source and random means) over the source."""
+        src = streaming.as_source(X)
+        if src.n_features is not None and src.n_features != self.D:
+            raise StreamError(f"X has {src.n_features} dimensions but the model has D={self.D}; pass data of shape "
+                              f"(N, {self.D}) or build GMM(M, {src.n_features})")
+        if self.means is not None and self.covars is not None and self.weights is not None:
+            return src, src.n_rows or 0
+        n, means, covars = streaming.seed(src, self.M, self.D, self.cvtype, self.dtype, self.reg_covar, self.seed)
+        var = (np.diagonal(covars[0]) if self.cvtype == "full" else covars[0]) - self.reg_covar
+        self._check_variance(var)
+        if self.means is None:
+            self.means = means.astype(self.dtype)
+        if self.covars is None:
+            self.covars = covars.astype(self.dtype)
+            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
+                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
+                                 "drop constant features")
+        if self.weights is None:
+            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
+        return src, n
+
     def _check_scale(self, X64: np.ndarray) -> None:
         """Refuse data whose variance does not fit the working precision (finite float32 data of scale
         1e19 has a variance of 1e38 and more): no covariance of it can be stored."""
         with np.errstate(over="ignore", invalid="ignore"):
             var = X64.var(axis=0)
+        self._check_variance(var)
+
+    def _check_variance(self, var: np.ndarray) -> None:
+        """The check of :meth:`_check_scale` on the per-dimension variances (D,)."""
         top = float(np.max(var)) if var.size else 0.0
         big = float(np.finfo(self.dtype).max)
         if not np.isfinite(top) or top * (1.0 + 1e-6) >= big:
@@ -221,18 +298,28 @@ class GMM:
                 self.covars.astype(np.float64))
 
     # ------------------------------------------------------------------ public API
-    def train(self, X: ArrayLike, min_em_iters: int = 1, max_em_iters: int = 10, tol: float = 1e-3) -> float:
+    def train(self, X: ArrayLike, min_em_iters: int = 1, max_em_iters: int = 10, tol: float = 1e-3,
+              progress: bool | None = None) -> float:
         """Run EM on X; the first call seeds missing parameters, later calls warm-start.
 
         Parameters
         ----------
-        X : array (N, D)
+        X : array (N, D), or a chunk source
+            In memory (a NumPy array; a PyTorch or CuPy CUDA array, or any ``__cuda_array_interface__``
+            or CUDA DLPack producer, is used where it lies by the CUDA backend), or streamed one block at a time (never held whole, see
+            :mod:`asp_gmm.streaming`): a ``numpy.memmap``, an h5py or zarr dataset (any array-like
+            with ``shape`` and row slicing), or a callable returning a new iterable of (n_i, D) row
+            chunks on each call. An in-memory X larger than the device budget
+            (``ASP_GMM_DEVICE_BUDGET``) is streamed too; the results equal the in-memory ones.
         min_em_iters, max_em_iters : int
             EM iterations (M-step then E-step) run: at least ``min_em_iters``, at most
             ``max_em_iters``; in between, stop once the mean per-event log-likelihood changes by
             less than ``tol``. ``min_em_iters > max_em_iters`` is refused, except that
             ``max_em_iters=0`` with the default minimum only evaluates X.
         tol : float
+        progress : bool, optional
+            A progress bar per pass of a streamed fit (tqdm); default ``ASP_GMM_PROGRESS`` (auto: on a
+            terminal, for passes of 10^7 events or more). Each pass is also logged at INFO.
 
         Returns
         -------
@@ -247,14 +334,24 @@ class GMM:
                              "pass min_em_iters <= max_em_iters")
         if not (isinstance(tol, numbers.Real) and tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
-        X = check_data(X, self.D, self.dtype, self.M)
-        self._seed(X)
-        res = self._specializer.train(X, *self._params64(), self._problem(X.shape[0]), self.reg_covar,
-                                      int(min_em_iters), int(max_em_iters), float(tol), self.variant)
+        if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
+            X = self._cuda_data(X, "train", self.M)   # used where it lies
+            N = self._seed_device(X)
+        elif streaming.is_source(X):
+            X, N = self._seed_stream(X)
+        else:
+            if cuda_arrays.is_cuda_array(X):   # another backend than CUDA: its data lives on the host
+                X = cuda_arrays.to_host(X)
+            X = check_data(X, self.D, self.dtype, self.M)
+            self._seed(X)
+            N = X.shape[0]
+        res = self._specializer.train(X, *self._params64(), self._problem(N), self.reg_covar,
+                                      int(min_em_iters), int(max_em_iters), float(tol), self.variant, progress)
+        N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)
         self.means = res.means.astype(self.dtype)
         self.covars = res.covars.astype(self.dtype)
-        self.loglik, self.n_events = res.loglik, X.shape[0]
+        self.loglik, self.n_events = res.loglik, N
         self.n_iter, self.converged, self.last_variant = res.iters, res.converged, res.variant
         self.last_train = res
         return res.loglik
@@ -282,9 +379,14 @@ class GMM:
         return np.argmax(self._evaluate(X, "predict", True)[1], axis=1)
 
     def _evaluate(self, X, method: str, want_resp: bool):
-        X = check_data(X, self.D, self.dtype, method=method)
-        return self._specializer.evaluate(X, *self._params64(method), self._problem(X.shape[0]), self.reg_covar,
-                                          want_resp)
+        if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
+            X = self._cuda_data(X, method)
+            N = cuda_arrays.describe(X)["shape"][0]
+        else:
+            X = check_data(cuda_arrays.to_host(X) if cuda_arrays.is_cuda_array(X) else X, self.D, self.dtype,
+                           method=method)
+            N = X.shape[0]
+        return self._specializer.evaluate(X, *self._params64(method), self._problem(N), self.reg_covar, want_resp)
 
     def __repr__(self):
         return (f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, "

@@ -69,6 +69,7 @@ try:  # scikit-learn >= 1.2: declarative parameter validation with scikit-learn'
 except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
+from . import cuda_arrays, streaming
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
 from .problem import Problem
 
@@ -87,9 +88,96 @@ _ILL_DEFINED = (
 
 
 def _validate_data(est, X, reset, **kw):
+    if cuda_arrays.is_cuda_array(X):    # PyTorch/CuPy CUDA arrays: the drop-in works on a host copy
+        X = cuda_arrays.to_host(X)
     if _sk_validate_data is not None:
         return _sk_validate_data(est, X, reset=reset, **kw)
     return est._validate_data(X, reset=reset, **kw)  # pragma: no cover - scikit-learn < 1.6
+
+
+def _is_dask_array(X) -> bool:
+    return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "to_delayed")
+
+
+def _numpy_stats(X, weights, means, covars, cvtype):
+    """:class:`asp_gmm.streaming.SuffStats` of X for "tied" (full second moments) and "spherical"
+    (diagonal ones), from scikit-learn's E-step in float64 NumPy."""
+    from .backends.base import stats_from_posteriors
+    X = np.asarray(X, np.float64)
+    lpn, log_resp = _log_prob_resp(X, weights, means, _precision_cholesky(covars, cvtype), cvtype)
+    kind = "full" if cvtype == "tied" else "diag"
+    st = streaming.SuffStats(len(weights), X.shape[1], kind, means)
+    st.add_block(stats_from_posteriors(X, lpn, np.exp(log_resp), means, kind))
+    return st
+
+
+def _online_mstep(stats, means, covars, reg, cvtype):
+    """The M-step of the running statistics, reduced to ``cvtype`` as scikit-learn reduces its
+    estimates: "tied" the count-weighted mean of the full covariances, "spherical" each diagonal's
+    mean."""
+    if cvtype in _COMPILED:
+        return stats.mstep(means, covars, reg)
+    D = means.shape[1]
+    if cvtype == "tied":
+        prev = np.repeat(np.asarray(covars, np.float64)[None], len(means), 0)
+    else:
+        prev = np.repeat(np.asarray(covars, np.float64)[:, None], D, 1)
+    w, mu, cv = stats.mstep(means, prev, 0.0)
+    if cvtype == "tied":
+        nk = stats.nk + 10 * np.finfo(np.float64).eps
+        return w, mu, np.tensordot(nk, cv, 1) / nk.sum() + reg * np.eye(D)
+    return w, mu, cv.mean(1) + reg
+
+
+def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
+    """k-means initialisation of a streamed fit, as for large in-memory data: a uniform sample of
+    :data:`KMEANS_SUBSAMPLE` events drawn in one pass (reservoir sampling from ``random_state``),
+    k-means (or k-means++ seeding) on it, then every event labelled by its nearest centre and the
+    hard-label parameters computed in a second pass. Returns ``(N, weights, means, covars)``."""
+    k = KMEANS_SUBSAMPLE
+    sample = np.empty((k, D))
+    seen = 0
+    for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
+        n = blk.shape[0]
+        take = min(max(k - seen, 0), n)
+        sample[seen:seen + take] = blk[:take]
+        t = seen + np.arange(take, n)
+        j = (random_state.random_sample(t.shape[0]) * (t + 1)).astype(np.int64)
+        hit = np.nonzero(j < k)[0]
+        sample[j[hit]] = blk[take + hit]      # in row order: a later row replaces an earlier one
+        seen += n
+    if seen < M:
+        raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {seen}")
+    sample = sample[:min(seen, k)]
+    if method == "k-means++":
+        centres, _ = kmeans_plusplus(sample, M, random_state=random_state)
+    else:
+        centres = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(sample).cluster_centers_
+    centres = np.asarray(centres, np.float64)
+    full = cvtype == "full"
+    st = streaming.SuffStats(M, D, cvtype, centres)
+    from .backends.base import BlockStats
+    for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
+        x = blk.astype(np.float64)
+        d2 = (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)
+        lab = np.argmin(d2, axis=1)
+        nk = np.bincount(lab, minlength=M).astype(np.float64)
+        sumx = np.zeros((M, D))
+        np.add.at(sumx, lab, x)
+        s2 = np.zeros((M, D, D) if full else (M, D))
+        for c in np.unique(lab):
+            y = x[lab == c] - centres[c]
+            s2[c] = y.T @ y if full else (y * y).sum(0)
+        st.add_block(BlockStats(x.shape[0], 0.0, nk, sumx, s2))
+    prev = np.repeat((np.eye(D) if full else np.ones(D))[None], M, 0)
+    w, mu, cv = st.mstep(centres, prev, reg)
+    return st.n, w, mu, cv
+
+
+def _dask_seed(adask, X, M, cvtype, dt, reg, seed, backend):
+    """``GMM.train``'s seeding of a Dask array: one pass with no iteration."""
+    r = adask.fit(X, M, cvtype=cvtype, dtype=dt, reg_covar=reg, seed=seed, backend=backend, min_iters=0, max_iters=0)
+    return r.weights, r.means, r.covars
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -339,6 +427,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Runtime of the "full" and "diag" EM loops ("tied" and "spherical" always run in NumPy).
     dtype : {None, "float32", "float64"}, default=None
         Working precision; ``None`` keeps float32 data in float32 and uses float64 otherwise.
+    online_t0, online_kappa : float, default=2.0 and 0.6
+        Step sizes of :meth:`partial_fit` (stepwise online EM): the t-th update (t = 1, 2, ...) after
+        the first batch mixes the batch's statistics in with weight
+        ``rho_t = (online_t0 + t) ** -online_kappa``; ``0.5 < online_kappa <= 1`` and
+        ``online_t0 >= 0`` (Cappe & Moulines' conditions for convergence on a stationary stream).
 
     Attributes
     ----------
@@ -369,6 +462,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             "verbose": ["verbose"],
             "verbose_interval": [Interval(numbers.Integral, 1, None, closed="left")],
             "backend": [StrOptions({"auto", "c", "cuda", "numpy"})],
+            "online_t0": [Interval(numbers.Real, 0.0, None, closed="left")],
+            "online_kappa": [Interval(numbers.Real, 0.5, 1.0, closed="right")],
             "dtype": "no_validation",  # checked in fit (None, float32 or float64)
         }
 
@@ -376,7 +471,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                  reg_covar: float = 1e-6, max_iter: int = 100, n_init: int = 1, init_params: str = "kmeans",
                  weights_init=None, means_init=None, precisions_init=None, random_state=None,
                  warm_start: bool = False, verbose: int = 0, verbose_interval: int = 10, backend: str = "auto",
-                 dtype=None) -> None:
+                 dtype=None, online_t0: float = 2.0, online_kappa: float = 0.6) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -393,17 +488,175 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.verbose_interval = verbose_interval
         self.backend = backend
         self.dtype = dtype
+        self.online_t0 = online_t0
+        self.online_kappa = online_kappa
 
     # ------------------------------------------------------------------------------ fitting
     def fit(self, X, y=None) -> "GaussianMixture":
         """Estimate the parameters with the EM algorithm (see
         :meth:`sklearn.mixture.GaussianMixture.fit`).
 
+        Parameters
+        ----------
+        X : array-like (N, D), or data never loaded whole
+            In memory; or streamed one block at a time (:mod:`asp_gmm.streaming`): a
+            ``numpy.memmap``, an h5py or zarr dataset, a callable returning a new iterable of
+            (n_i, D) row chunks on each call; or a ``dask.array`` (distributed EM on the Dask
+            workers, :mod:`asp_gmm.dask`). Streamed and Dask fits need "full" or "diag"
+            covariance and run one initialisation. Unless ``*_init`` are given they start, on a
+            source with ``init_params`` "kmeans" or "k-means++", from k-means on a uniform sample
+            of :data:`KMEANS_SUBSAMPLE` events (as large in-memory data does; two passes), else
+            (Dask arrays, other ``init_params``) from ``GMM.train``'s seeding: means at events
+            spread evenly through X (random distinct events drawn from ``random_state`` where it is
+            set), the data's covariance, equal weights.
+
         Returns
         -------
         self
         """
-        self._fit(X)
+        if _is_dask_array(X) or (streaming.is_source(X) and (self.covariance_type in _COMPILED
+                                                             or not hasattr(X, "shape"))):
+            self._fit_large(X)
+            return self
+        self._fit(X)    # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
+        return self
+
+    def _fit_large(self, X):
+        """:meth:`fit` of a chunk source or a Dask array (see :meth:`fit`)."""
+        if hasattr(self, "_validate_params"):
+            self._validate_params()
+        cvtype, M = self.covariance_type, self.n_components
+        if cvtype not in _COMPILED:
+            raise ValueError(f"covariance_type={cvtype!r} cannot be fitted on streamed or Dask data; use 'full' or "
+                             "'diag', or load X into memory")
+        on_dask = _is_dask_array(X)
+        if on_dask:
+            src, D, kind = None, int(X.shape[1]), X.dtype
+        else:
+            src = streaming.as_source(X)
+            first = None if src.n_features is not None else next(iter(src.chunks()), None)
+            D = src.n_features if first is None else np.asarray(first).shape[-1]
+            kind = getattr(X, "dtype", None) if first is None else np.asarray(first).dtype
+        dt = _working_dtype(self.dtype, np.dtype(kind) if kind is not None and np.dtype(kind).kind == "f"
+                            else np.dtype(np.float64))
+        inits = (None if self.weights_init is None else _check_weights(self.weights_init, M),
+                 None if self.means_init is None else _check_means(self.means_init, M, D),
+                 None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D))
+        w, mu, cv = inits[0], inits[1], None
+        if inits[2] is not None:
+            cv = _covariances_from_cholesky(_precision_cholesky_from_precisions(inits[2], cvtype), cvtype)
+        if self.warm_start and hasattr(self, "converged_"):
+            w, mu, cv = self._params64()
+        seed = None if self.random_state is None else int(check_random_state(self.random_state).randint(2 ** 31 - 1))
+        reg, tol = float(self.reg_covar), float(self.tol)
+        n = None
+        if on_dask:
+            from . import dask as adask
+            if w is None or mu is None or cv is None:
+                s_w, s_mu, s_cv = _dask_seed(adask, X, M, cvtype, dt, reg, seed, self.backend)
+                w, mu, cv = (s_w if w is None else w), (s_mu if mu is None else mu), (s_cv if cv is None else cv)
+            kw = dict(cvtype=cvtype, dtype=dt, reg_covar=reg, backend=self.backend)
+            r1 = adask.fit(X, M, weights=w, means=mu, covars=cv, min_iters=1, max_iters=max(self.max_iter - 1, 0),
+                           tol=tol, **kw)
+            r2 = adask.fit(X, M, weights=r1.weights, means=r1.means, covars=r1.covars, min_iters=1,
+                           max_iters=1 if self.max_iter else 0, tol=0.0, **kw)
+            n = r1.n_events
+        else:
+            if (w is None or mu is None or cv is None) and self.init_params in ("kmeans", "k-means++"):
+                n, k_w, k_mu, k_cv = _stream_kmeans_init(src, M, D, cvtype, dt, reg, self.init_params,
+                                                         check_random_state(self.random_state))
+                w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
+            elif w is None or mu is None or cv is None:
+                n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed)
+                w = np.full(M, 1.0 / M) if w is None else w
+                mu = s_mu.astype(np.float64) if mu is None else mu
+                cv = s_cv if cv is None else cv
+            prob = Problem(n or src.n_rows or 0, D, M, cvtype, dt.name)
+            spec = self._specializer(prob)
+            try:
+                r1 = spec.train(src, w, mu, cv, prob, reg, 1, max(self.max_iter - 1, 0), tol)
+                r2 = spec.train(src, r1.weights, r1.means, r1.covars, prob, reg, 1, 1 if self.max_iter else 0, 0.0)
+            except (NotPositiveDefiniteError, FloatingPointError) as exc:
+                raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
+            n = r1.n_events
+        lbs = [float(v) / n for v in r1.loglik_trace]
+        if not r1.converged and self.max_iter > 0:
+            warnings.warn("Best performing initialization did not converge. Try different init "
+                          "parameters, or increase max_iter, tol, or check for degenerate data.",
+                          ConvergenceWarning)
+        self._set_parameters((r2.weights, r2.means, r2.covars), dt)
+        self.converged_ = bool(r1.converged)
+        self.n_iter_ = int(r1.iters + 1) if self.max_iter else 0
+        self.lower_bound_ = lbs[-1]
+        self.lower_bounds_ = lbs
+        self.n_features_in_ = D
+
+    def partial_fit(self, X, y=None):
+        """One step of stepwise online EM on the batch X, for streams that cannot be read twice.
+
+        The first call initialises the parameters from X as :meth:`fit` does (``init_params``,
+        ``*_init``) and takes X's sufficient statistics (per-event averages of the posteriors'
+        counts, first and second moments) as the running ones. Every later call computes X's
+        statistics under the current parameters with the specialized kernels, mixes them into the
+        running ones with weight ``rho_t = (online_t0 + t) ** -online_kappa`` (t = 1, 2, ... the
+        updates so far; the running statistics are first re-centred on the current means), and
+        replaces the parameters by the M-step of the result. This is an *approximation* of the
+        batch EM fit: on a stationary stream it approaches a batch solution as the number of
+        batches grows, with the noise of the last ~1/rho_t batches.
+
+        Parameters
+        ----------
+        X : array-like (n, D)
+            One batch ("full" and "diag" covariance).
+
+        Returns
+        -------
+        self
+        """
+        if hasattr(self, "_validate_params"):
+            self._validate_params()
+        first = not hasattr(self, "_online_stats")
+        X = _validate_data(self, X, first, dtype=[np.float64, np.float32], ensure_min_samples=1)
+        cvtype, M, reg = self.covariance_type, self.n_components, float(self.reg_covar)
+        n, D = X.shape
+        if first:
+            if n < M:
+                raise ValueError("Expected n_samples >= n_components in the first partial_fit batch but got "
+                                 f"n_components = {M}, n_samples = {n}")
+            dt = _working_dtype(self.dtype, X.dtype)
+            inits = (None if self.weights_init is None else _check_weights(self.weights_init, M),
+                     None if self.means_init is None else _check_means(self.means_init, M, D),
+                     None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D))
+            w, mu, cv = self._initial_params(X, check_random_state(self.random_state), inits)
+        else:
+            dt = np.dtype(self.means_.dtype)
+            w, mu, cv = self._params64()
+        Xw = np.ascontiguousarray(X, dtype=dt)
+        try:
+            if cvtype in _COMPILED:
+                prob = Problem(n, D, M, cvtype, dt.name)
+                st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg)
+            else:   # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
+                st = _numpy_stats(X, w, mu, cv, cvtype)
+            st = st.scaled(1.0 / n)
+            if first:
+                self._online_stats, self._online_steps = st, 0
+            else:
+                self._online_steps += 1
+                rho = (float(self.online_t0) + self._online_steps) ** -float(self.online_kappa)
+                self._online_stats = self._online_stats.recentred(st.centre).scaled(1.0 - rho).add(st.scaled(rho))
+            params = _online_mstep(self._online_stats, mu, cv, reg, cvtype)
+            _precision_cholesky(params[2], cvtype)
+        except (NotPositiveDefiniteError, FloatingPointError) as exc:
+            raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
+        self._set_parameters(params, dt)
+        self.converged_ = False
+        self.n_iter_ = self._online_steps + 1
+        self.lower_bound_ = st.loglik
+        if first:
+            self.lower_bounds_ = [st.loglik]
+        else:
+            self.lower_bounds_.append(st.loglik)
         return self
 
     def fit_predict(self, X, y=None):

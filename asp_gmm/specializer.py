@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import selection
+from . import selection, streaming
 from .backends import get_backend
 from .errors import CompileError, KernelError, VariantNotApplicableError
 from .problem import Problem
@@ -50,6 +50,8 @@ class TrainResult:
         Wall time of the call inside the specializer.
     loglik_trace : list of float
         Log-likelihood before the first iteration and after each (``iters + 1`` values).
+    n_events : int
+        Events trained on (0: ``problem.N``; a streamed fit counts what its source yielded).
     """
 
     weights: np.ndarray
@@ -63,6 +65,7 @@ class TrainResult:
     reason: str
     seconds: float
     loglik_trace: list
+    n_events: int = 0
 
 
 def _start(backend, method: str, *args):
@@ -134,7 +137,11 @@ class Specializer:
         return cands
 
     def train(self, X, weights, means, covars, problem: Problem, reg_covar: float,
-              min_iters: int, max_iters: int, tol: float, variant: str | None = None) -> TrainResult:
+              min_iters: int, max_iters: int, tol: float, variant: str | None = None,
+              progress: bool | None = None) -> TrainResult:
+        if streaming.wants_stream(X, self.backend, problem):   # a chunk source, or X too big for the device
+            return streaming.em(self, X, weights, means, covars, problem, reg_covar, min_iters, max_iters, tol,
+                                variant, progress)
         t_start = time.perf_counter()
         backend = self.backend
         # what every session needs (an EM core...) compiles while the history opens and the plan is made

@@ -264,3 +264,144 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def open(self, X: np.ndarray, problem: Problem) -> Session:
         """Open a session over ``X`` ((N, D), C-contiguous, of ``problem.dtype``)."""
+
+    # streamed EM (asp_gmm/streaming.py): the per-block contract
+    def open_stats(self, problem: Problem, kernel: Kernel | None = None) -> "StatsRunner":
+        """A :class:`StatsRunner` for blocks of up to ``problem.N`` events."""
+        return StatsRunner(self, problem, kernel)
+
+    def stream_block_rows(self, problem: Problem) -> int:
+        """Events per block of streamed EM (``problem.N`` ignored): by default as many as
+        ``ASP_GMM_BLOCK_BYTES`` (default 64 MiB) of data and posteriors hold."""
+        return block_rows_for(problem, default_bytes=64 << 20)
+
+    def session_bytes(self, problem: Problem) -> int:
+        """Device memory an in-memory session of ``problem`` takes: the data, the posteriors and the
+        per-event log-likelihoods in the working precision."""
+        return problem.N * (problem.D + problem.M + 1) * problem.np_dtype.itemsize
+
+
+# ------------------------------------------------------------------------ per-block statistics
+@dataclass
+class BlockStats:
+    """Sufficient statistics of one block of events under given parameters (streamed EM).
+
+    Attributes
+    ----------
+    n : int
+        Events in the block.
+    loglik : float
+        Sum of the block's per-event log-likelihoods.
+    nk : ndarray (M,)
+        Raw counts, sum over events of the posteriors.
+    sumx : ndarray (M, D)
+        Sum of ``resp * x``.
+    s2 : ndarray (M, D, D) for full, (M, D) for diag
+        Sum of ``resp * (x - m)(x - m)^T`` (or its diagonal), ``m`` the means the statistics were
+        computed under (those of :meth:`StatsRunner.set_params`).
+    """
+
+    n: int
+    loglik: float
+    nk: np.ndarray
+    sumx: np.ndarray
+    s2: np.ndarray
+
+
+def stats_from_posteriors(X, logprob, resp, means, cvtype: str) -> BlockStats:
+    """:class:`BlockStats` of a block from its posteriors, in float64 NumPy.
+
+    Parameters
+    ----------
+    X : ndarray (n, D)
+    logprob : ndarray (n,)
+    resp : ndarray (n, M)
+    means : ndarray (M, D)
+        The means the posteriors were computed under (the second moments are centred on them).
+    """
+    X = np.asarray(X, np.float64)
+    resp = np.asarray(resp, np.float64)
+    means = np.asarray(means, np.float64)
+    M, D = means.shape
+    nk = resp.sum(axis=0)
+    sumx = resp.T @ X
+    s2 = np.empty((M, D, D) if cvtype == "full" else (M, D))
+    for k in range(M):
+        diff = X - means[k]
+        s2[k] = (resp[:, k] * diff.T) @ diff if cvtype == "full" else resp[:, k] @ (diff * diff)
+    return BlockStats(X.shape[0], float(np.sum(logprob, dtype=np.float64)), nk, sumx, s2)
+
+
+class StatsRunner:
+    """The per-block contract of streamed EM: the E-step and the sufficient statistics of one block
+    of events under given parameters; no posteriors are kept between blocks.
+
+    This default opens a :class:`Session` per block and sums its posteriors in NumPy (any backend
+    can stream through it); backends override it with compiled code.
+
+    Parameters
+    ----------
+    backend : Backend
+    problem : Problem
+        The block problem: ``problem.N`` is the most events one :meth:`stats` call gets.
+    kernel : Kernel or None
+        The covariance variant to compute the second moments with, where the backend uses one.
+    """
+
+    def __init__(self, backend: "Backend", problem: Problem, kernel: Kernel | None = None):
+        self.backend, self.problem, self.kernel = backend, problem, kernel
+        self._params = None
+
+    def set_params(self, weights, means, covars, reg_covar: float) -> None:
+        """Parameters (float64) of the following :meth:`stats` calls; raises
+        :class:`asp_gmm.errors.NotPositiveDefiniteError`."""
+        from .. import reference as ref
+        from ..errors import from_reference
+        try:
+            ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)
+        except ref.NotPositiveDefiniteError as exc:
+            raise from_reference(exc) from None
+        self._params = (np.array(weights, np.float64), np.array(means, np.float64),
+                        np.array(covars, np.float64), float(reg_covar))
+
+    def stats(self, X: np.ndarray) -> BlockStats:
+        """Statistics of the block ``X`` ((n, D), C-contiguous, ``problem.dtype``, n <= ``problem.N``)."""
+        w, mu, cv, reg = self._params
+        sub = dataclasses.replace(self.problem, N=X.shape[0])
+        with self.backend.open(X, sub) as session:
+            session.set_params(w, mu, cv, reg)
+            logprob, resp = session.eval(True)
+        ll = float(np.sum(logprob, dtype=np.float64))
+        if not np.isfinite(ll):
+            from ..errors import NonFiniteError
+            raise NonFiniteError(f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer "
+                                     "components, or scale the data")
+        return stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
+
+    def stats_many(self, blocks):
+        """Yield :meth:`stats` of each block of the iterable ``blocks`` in order (a backend may overlap
+        one block's transfer with the previous one's compute; each block is copied before the next
+        is asked for, so a reused buffer is fine)."""
+        for X in blocks:
+            yield self.stats(X)
+
+    def close(self) -> None:
+        pass
+
+
+def block_rows_for(problem: Problem, default_bytes: int) -> int:
+    """Rows of ``problem``'s data and posteriors (D + M values each) that fit ``ASP_GMM_BLOCK_BYTES``
+    bytes (``default_bytes`` where unset), at least 256."""
+    from ..config import settings
+    from ..errors import SettingError
+    raw = settings().block_bytes
+    nbytes = default_bytes
+    if raw:
+        try:
+            nbytes = int(float(raw))
+        except (ValueError, OverflowError):
+            raise SettingError(f"ASP_GMM_BLOCK_BYTES={raw!r} is not a number of bytes; unset it or give e.g. "
+                               "8388608") from None
+    per_row = (problem.D + problem.M + 1) * problem.np_dtype.itemsize
+    return max(256, int(nbytes) // per_row)
+

@@ -12,7 +12,7 @@ import numpy as np
 from .. import reference as ref
 from ..errors import NonFiniteError, from_reference
 from ..problem import Problem
-from .base import Backend, EMRun, Kernel, Session
+from .base import Backend, EMRun, Kernel, Session, StatsRunner, stats_from_posteriors
 
 
 class NumpyBackend(Backend):
@@ -31,6 +31,9 @@ class NumpyBackend(Backend):
 
     def open(self, X, problem: Problem) -> "NumpySession":
         return NumpySession(X, problem)
+
+    def open_stats(self, problem: Problem, kernel=None) -> "NumpyStatsRunner":
+        return NumpyStatsRunner(self, problem, kernel)
 
 
 class NumpySession(Session):
@@ -97,3 +100,20 @@ class NumpySession(Session):
         logprob, resp = self._estep()
         dt = self.problem.np_dtype
         return logprob.astype(dt), (resp.astype(dt) if want_resp else None)
+
+
+class NumpyStatsRunner(StatsRunner):
+    """Block statistics straight from the reference E-step, in float64."""
+
+    def stats(self, X):
+        w, mu, cv, reg = self._params
+        try:
+            logprob, resp = ref.estep(X, w, mu, cv, self.problem.cvtype, reg)
+        except (ref.NotPositiveDefiniteError, ref.NonFiniteError) as exc:
+            raise from_reference(exc) from None
+        st = stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
+        if not np.isfinite(st.loglik):
+            raise NonFiniteError(
+                f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer components, "
+                "or scale the data")
+        return st

@@ -27,7 +27,7 @@ import numpy as np
 from ... import registry
 from ...errors import BackendUnavailableError, KernelError
 from ...problem import Problem
-from ..base import Backend, Kernel
+from ..base import Backend, Kernel, block_rows_for
 from .compile import binary_name, cubin_path, is_cached, load_module, render_source
 from .device import _DEFAULT_LIMITS, _Device, _probe
 from .launch import COV_ARGS, CORE_SIGNATURES, ESTEP_ARGS, Launch, _Module, launches, pluggable
@@ -301,3 +301,14 @@ class CudaBackend(Backend):
         """A session over ``X`` (N, D); small problems run padded (``binary_problem``), the session
         returns only the caller's ``problem.M`` components."""
         return CudaSession(self, X, binary_problem(problem), problem.M)
+
+    def open_stats(self, problem: Problem, kernel: Kernel | None = None):
+        """Streamed EM: blocks of up to ``problem.N`` events through one session, two streams and
+        pinned buffers (:mod:`asp_gmm.backends.cuda.stream`)."""
+        from .stream import CudaStatsRunner
+        return CudaStatsRunner(self, problem, kernel)
+
+    def stream_block_rows(self, problem: Problem) -> int:
+        """Blocks of 1 GiB of data and posteriors (``ASP_GMM_BLOCK_BYTES`` overrides): large enough
+        that a block's launches are a small part of its time."""
+        return block_rows_for(problem, default_bytes=1 << 30)

@@ -35,7 +35,7 @@ import threading
 
 import numpy as np
 
-from ... import frozen, registry
+from ... import cuda_arrays, frozen, registry
 from ...errors import KernelError
 from ...problem import Problem
 
@@ -251,3 +251,23 @@ def _upload_transposed(dev, X: np.ndarray, dst, N: int, D: int, ldn: int, transp
         finally:
             tmp.free()
 
+
+
+def _transpose_on_device(dev, X, dst, N: int, D: int, ldn: int, transpose_fn):
+    """Transpose the C-contiguous CUDA array X (N, D) (PyTorch, CuPy: ``__cuda_array_interface__``)
+    into dst [D][ldn] on the device, with no copy through the host."""
+    info = cuda_arrays.describe(X)
+    if info["shape"] != (N, D) or not info["contiguous"]:
+        raise KernelError(f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
+                          f"C-contiguous ({N}, {D})")
+    drv = dev.drv
+    with dev.active():
+        total = D * ldn
+        try:
+            drv.Context.synchronize()     # the producer's pending writes to X
+            transpose_fn.prepared_call((-(-total // 256), 1), (256, 1, 1), info["ptr"], int(dst),
+                                       np.int32(N), np.int32(ldn))
+            drv.Context.synchronize()
+        except drv.Error as exc:
+            raise KernelError(f"CUDA kernel asp_transpose on a device array (grid=({-(-total // 256)}, 1), "
+                              f"block=256) failed: {exc}") from None

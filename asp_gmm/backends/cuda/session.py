@@ -17,13 +17,14 @@ import math
 
 import numpy as np
 
+from ... import cuda_arrays
 from ...errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ...reference import change_per_event
 from ...reference import converged as converged_rule
 from ...problem import Problem
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
-from .memory import _upload_transposed
+from .memory import _transpose_on_device, _upload_transposed
 from ...config import settings
 
 _INT_MAX = 2**31 - 1
@@ -35,7 +36,7 @@ class CudaSession(Session):
     Parameters
     ----------
     backend : CudaBackend
-    X : ndarray (N, D)
+    X : ndarray (N, D), or a CUDA array (PyTorch, CuPy: used on the device where it lies)
         The events, of ``problem.dtype``.
     problem : Problem
         The problem the binaries run (M padded to its component class when small, see
@@ -75,8 +76,12 @@ class CudaSession(Session):
                 self.xt = resident[0]
             else:
                 self.xt = b.own_xt()
-                _upload_transposed(self.dev, np.ascontiguousarray(X, dtype=problem.np_dtype), self.xt,
-                                   problem.N, problem.D, b.ldn, self._fn["asp_transpose"])
+                if cuda_arrays.is_cuda_array(X):    # a PyTorch/CuPy array: transposed where it lies
+                    _transpose_on_device(self.dev, cuda_arrays.in_dtype(X, problem.np_dtype), self.xt, problem.N,
+                                         problem.D, b.ldn, self._fn["asp_transpose"])
+                else:
+                    _upload_transposed(self.dev, np.ascontiguousarray(X, dtype=problem.np_dtype), self.xt,
+                                       problem.N, problem.D, b.ldn, self._fn["asp_transpose"])
         except BaseException:
             self.close()
             raise
