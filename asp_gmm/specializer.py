@@ -9,6 +9,7 @@ It never validates user input (the Face does) and never touches the tuning histo
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import statistics
@@ -132,6 +133,14 @@ class Specializer:
         plan = sel.choose(self.backend, problem, self.candidates(problem, variant), pinned=variant is not None,
                           tuning=tuning)
         explore = list(plan.explore)
+        sample = sel.sample_size(problem, len(explore), max_iters) if explore else problem.N
+        if sample < problem.N:
+            # large N: explore on a sample of the events (nothing of the call's EM advances), then
+            # run every iteration with the best configuration the history now knows
+            explore = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
+                                           max_iters, sel)
+            plan = sel.choose(self.backend, problem, self.candidates(problem, variant), tuning=tuning)
+            plan.explore = []
         session = self.backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
@@ -194,8 +203,44 @@ class Specializer:
         finally:
             session.close()
         label = used.label if used is not None else plan.primary.label
+        if sample < problem.N:
+            explored = explore
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
                            time.perf_counter() - t_start, trace)
+
+    def _explore_sample(self, X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel):
+        """One EM iteration of the primary and of each configuration to explore on ``sample``
+        evenly spaced events, each recorded as sampled, until the policy's allowance of the call's
+        time is spent (the rest is explored by later calls); returns the labels explored."""
+        step = max(problem.N // sample, 1)
+        Xs = X[::step][:sample]
+        Xs = Xs.contiguous() if hasattr(Xs, "contiguous") else np.ascontiguousarray(Xs)
+        sp = dataclasses.replace(problem, N=int(Xs.shape[0]))
+        done, spent, fastest, slowest = [], 0.0, None, 0.0
+        session = self.backend.open(Xs, sp)
+        try:
+            for cfg in [plan.primary] + [c for c in plan.explore if c != plan.primary]:
+                if fastest is not None and spent + slowest * sp.N > sel.explore_allowance(problem, max_iters, fastest):
+                    break
+                kernel = self._kernel(cfg, sp, sel)
+                if kernel is None:
+                    continue
+                session.set_params(weights, means, covars, reg_covar)
+                try:
+                    run = session.em(kernel, 1, 1, 0.0, reg_covar)
+                except KernelError as exc:
+                    sel.record(self.backend, problem, cfg, "launch-failed")
+                    log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
+                    continue
+                t = run.iter_seconds[0]
+                spent += t
+                fastest = t / sp.N if fastest is None else min(fastest, t / sp.N)
+                slowest = max(slowest, t / sp.N)
+                sel.record(self.backend, sp, cfg, "ok", t, run.cov_seconds[0], 1, sampled_from=problem.N)
+                done.append(cfg.label)
+        finally:
+            session.close()
+        return done
 
     def prepare(self, problem: Problem, variant: str | None = None) -> int:
         """Compile or load every candidate configuration for ``problem`` and the backend's other
