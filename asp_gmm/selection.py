@@ -62,6 +62,7 @@ history is dictionary look-ups (tens of microseconds). Records are queued and wr
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -111,8 +112,11 @@ class Plan:
     reason: str = ""
     #: configurations left unexplored because a prediction put them far slower than the best
     pruned: list = field(default_factory=list)
-    #: one line: what the decision rested on (shown by ``asp-gmm history --why``)
+    #: one line: what the decision rested on (``TrainResult.why``, ``asp-gmm history why``)
     why: str = ""
+    #: whether ``primary`` has a sampled timing in the class already (sampled exploration then
+    #: need not time it again on the sample)
+    primary_sampled: bool = False
 
 
 #: The answer of :meth:`Policy.choose` (a plan).
@@ -460,7 +464,8 @@ class HistorySelector(Selector):
         if not explore:
             return Plan(primary, [], "history", pruned, self._why_best(best, options) + (
                 "; " + why if why else ""))
-        return Plan(primary, explore, "explore", pruned, why)
+        done = self.vkey(primary) in idx.sampled.get(problem_class(problem), {})
+        return Plan(primary, explore, "explore", pruned, why, done)
 
     @staticmethod
     def _why_best(best, options) -> str:
@@ -655,8 +660,9 @@ class Policy:
             if not pinned and not ready(plan.primary):
                 alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
                 if alt is not None:
-                    plan = Plan(alt, [], plan.reason + ", compiled")
-        return Plan(plan.primary, explore, plan.reason)
+                    plan = dataclasses.replace(plan, primary=alt, explore=[], reason=plan.reason + ", compiled",
+                                               primary_sampled=False)
+        return dataclasses.replace(plan, explore=explore)
 
     def record(self, backend, problem: Problem, config: Config, status: str,
                seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1,

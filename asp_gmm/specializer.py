@@ -45,6 +45,9 @@ class TrainResult:
         Configurations tried for one iteration each.
     reason : str
         Why the selector chose it ("history", "predicted", "rule", "pinned", ...).
+    why : str
+        What the choice rested on, in one line (measured times, the predictor and its
+        leave-one-out score, pruned candidates, the tunable search).
     seconds : float
         Wall time of the call inside the specializer.
     loglik_trace : list of float
@@ -62,6 +65,7 @@ class TrainResult:
     reason: str
     seconds: float
     loglik_trace: list
+    why: str = ""
 
 
 class Specializer:
@@ -137,10 +141,10 @@ class Specializer:
         if sample < problem.N:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
             # run every iteration with the best configuration the history now knows
-            explore = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
+            sampled = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
                                            max_iters, sel)
             plan = sel.choose(self.backend, problem, self.candidates(problem, variant), tuning=tuning)
-            plan.explore = []
+            explore = []
         session = self.backend.open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
@@ -204,9 +208,9 @@ class Specializer:
             session.close()
         label = used.label if used is not None else plan.primary.label
         if sample < problem.N:
-            explored = explore
+            explored = sampled
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
-                           time.perf_counter() - t_start, trace)
+                           time.perf_counter() - t_start, trace, plan.why)
 
     def _explore_sample(self, X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel):
         """One EM iteration of the primary and of each configuration to explore on ``sample``
@@ -219,7 +223,8 @@ class Specializer:
         done, spent, fastest, slowest = [], 0.0, None, 0.0
         session = self.backend.open(Xs, sp)
         try:
-            for cfg in [plan.primary] + [c for c in plan.explore if c != plan.primary]:
+            first = [] if plan.primary_sampled else [plan.primary]
+            for cfg in first + [c for c in plan.explore if c != plan.primary]:
                 if fastest is not None and spent + slowest * sp.N > sel.explore_allowance(problem, max_iters, fastest):
                     break
                 kernel = self._kernel(cfg, sp, sel)
