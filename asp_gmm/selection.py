@@ -50,10 +50,27 @@ thousands of slightly different N (the diarization example) explores each class 
    ``launch-failed`` or ``invalid`` row excludes it for that (D, M, cvtype, dtype), any N. Neither
    is retried until the source changes (a new hash is a new key).
 
-*Tunables.* ``train`` explores each variant with its default tunables only (the manifest's first
-values): a 10-iteration call cannot afford the product of every variant's tunable space. ``asp-gmm
-tune --tunables`` measures the other combinations; once the history has a faster tuned
-configuration for a class, exploitation uses it.
+*Exploration that pays for itself* (issue 24). At large N (:meth:`Policy.sample_size`: when the
+budget's sample is at most a quarter of N) the untried candidates, and the primary unless it has a
+sampled timing already, each run one EM iteration on a sample of evenly spaced events (at least
+:data:`SAMPLE_MIN`), recorded with ``sampled_from = N`` (history schema 3) and compared within the
+class per event, scaled by the class's whole-data/sampled calibration; the specializer stops once
+:data:`EXPLORE_FRACTION` of the call's estimated time is spent (the rest is explored by later
+calls) and then runs every iteration of the call with the best configuration now known. Small
+problems explore in place as before (each explored iteration is one of the call's). Untried
+candidates that the prediction puts more than :data:`PRUNE_FACTOR` times slower than the best,
+on at least :data:`PRUNE_MIN_CLASSES` measured classes, are pruned (``Plan.pruned``).
+
+*Tunables.* Once every variant is measured in a class, the search strategy
+(:mod:`asp_gmm.search`, coordinate descent by default) proposes tunable combinations of the
+variants within :data:`TUNE_WITHIN` of the best, at most :data:`TUNE_PROPOSALS` a call, until it
+converges; ``asp-gmm tune --tunables`` measures the whole space. Exploitation uses the fastest
+measured combination.
+
+*Unseen shapes.* The prediction (rule 3, and the exploration order) uses the cost model of
+:mod:`asp_gmm.costmodel` where its leave-one-out accuracy on this history is at least the
+nearest-neighbour rule's, else the nearest-neighbour rule; ``Plan.why`` (``TrainResult.why``,
+``asp-gmm history why``) says which, with both scores.
 
 *Cost.* The history of the device is read once per process into memory
 (:meth:`asp_gmm.tuning_db.History.view`) and folded into per-class aggregates; planning on a warm

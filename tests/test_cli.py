@@ -236,3 +236,14 @@ def test_runs_as_a_module(db):
     r = subprocess.run([sys.executable, "-m", "asp_gmm.cli", "history", "list"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "(0 rows)" in r.stdout
+
+
+def test_history_why_shows_the_plan_and_its_reasons(db, capsys, monkeypatch):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    assert cli.main(["history", "why", "--N", "1500000", "--D", "19", "--M", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "N=1500000 D=19 M=16 full float32: runs" in out and "(explore)" in out
+    assert "why: rule order (nothing measured nearby)" in out and "explores first" in out
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
+    assert cli.main(["history", "why", "--N", "1000", "--D", "2", "--M", "2"]) == 0
+    assert "(rule)" in capsys.readouterr().out
