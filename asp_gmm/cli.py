@@ -328,12 +328,12 @@ def build_parser() -> argparse.ArgumentParser:
     hl.add_argument("--limit", type=_positive_int, default=50, help="timings shown, newest first")
     hw = hs.add_parser("why", help="which configuration train() would run for a problem on this device, and why",
                        formatter_class=fmt)
-    hw.add_argument("--N", type=_positive_int, required=True)
-    hw.add_argument("--D", type=_positive_int, required=True)
-    hw.add_argument("--M", type=_positive_int, required=True)
-    hw.add_argument("--cvtype", default="full", choices=["full", "diag"])
-    hw.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    hw.add_argument("--backend", default="c")
+    hw.add_argument("--N", type=_positive_int, required=True, help="events")
+    hw.add_argument("--D", type=_positive_int, required=True, help="dimensions")
+    hw.add_argument("--M", type=_positive_int, required=True, help="components")
+    hw.add_argument("--cvtype", default="full", choices=["full", "diag"], help="covariance type")
+    hw.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="working precision")
+    hw.add_argument("--backend", default="c", help="c or cuda")
     he = hs.add_parser("export", help="write the whole history to a JSON file", formatter_class=fmt)
     he.add_argument("file", help="JSON file to write")
     hi = hs.add_parser("import", help="add the rows of an exported JSON file (same schema version; checked "
