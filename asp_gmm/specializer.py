@@ -26,6 +26,10 @@ from .selection import Config
 
 log = logging.getLogger("asp_gmm")
 
+#: Rounds of sampled exploration in one call (the variants, then steps of the tunable search),
+#: each stopped by the policy's allowance of the call's time.
+SAMPLE_ROUNDS = 4
+
 
 @dataclass
 class TrainResult:
@@ -141,9 +145,14 @@ class Specializer:
         if sample < problem.N:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
             # run every iteration with the best configuration the history now knows
-            sampled = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
-                                           max_iters, sel)
-            plan = sel.choose(self.backend, problem, self.candidates(problem, variant), tuning=tuning)
+            sampled, budget = [], {"spent": 0.0, "fastest": None, "slowest": 0.0}
+            for _ in range(SAMPLE_ROUNDS):   # the variants, then the tunable search while the budget lasts
+                done, stopped = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
+                                                     max_iters, sel, budget)
+                sampled += done
+                plan = sel.choose(self.backend, problem, self.candidates(problem, variant), tuning=tuning)
+                if stopped or not done or not plan.explore:
+                    break
             explore = []
         session = self.backend.open(X, problem)
         try:
@@ -212,20 +221,23 @@ class Specializer:
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
                            time.perf_counter() - t_start, trace, plan.why)
 
-    def _explore_sample(self, X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel):
+    def _explore_sample(self, X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel, budget):
         """One EM iteration of the primary and of each configuration to explore on ``sample``
         evenly spaced events, each recorded as sampled, until the policy's allowance of the call's
-        time is spent (the rest is explored by later calls); returns the labels explored."""
+        time is spent (the rest is explored by later calls; ``budget`` carries the spending across
+        rounds); returns (labels explored, whether the allowance stopped it)."""
         step = max(problem.N // sample, 1)
         Xs = X[::step][:sample]
         Xs = Xs.contiguous() if hasattr(Xs, "contiguous") else np.ascontiguousarray(Xs)
         sp = dataclasses.replace(problem, N=int(Xs.shape[0]))
-        done, spent, fastest, slowest = [], 0.0, None, 0.0
+        done, stopped = [], False
+        spent, fastest, slowest = budget["spent"], budget["fastest"], budget["slowest"]
         session = self.backend.open(Xs, sp)
         try:
             first = [] if plan.primary_sampled else [plan.primary]
             for cfg in first + [c for c in plan.explore if c != plan.primary]:
                 if fastest is not None and spent + slowest * sp.N > sel.explore_allowance(problem, max_iters, fastest):
+                    stopped = True
                     break
                 kernel = self._kernel(cfg, sp, sel)
                 if kernel is None:
@@ -245,7 +257,8 @@ class Specializer:
                 done.append(cfg.label)
         finally:
             session.close()
-        return done
+        budget.update(spent=spent, fastest=fastest, slowest=slowest)
+        return done, stopped
 
     def prepare(self, problem: Problem, variant: str | None = None) -> int:
         """Compile or load every candidate configuration for ``problem`` and the backend's other

@@ -58,20 +58,20 @@ def fmt_pct(x):
     return f"{100 * x:+.1f}%"
 
 
-def measure_grid(backend, problems, repeats, max_seconds, seed, log):
+def measure_grid(backend, problems, repeats, max_seconds, seed, log, tunables=False):
     data = {}
     t0 = time.time()
     for i, p in enumerate(problems):
-        cfgs = autotune.configs_for(backend, p)
+        cfgs = autotune.configs_for(backend, p, tunables)
         ms = autotune.measure(backend, p, cfgs, repeats=repeats, seed=seed, max_seconds=max_seconds,
                               min_repeats=2)
         data[p] = ms
         ok = [m for m in ms if m.status == "ok"]
         w = min(ok, key=lambda m: m.seconds) if ok else None
         log(f"[{i + 1:3d}/{len(problems)} {time.time() - t0:6.0f}s] N={p.N:7d} D={p.D:3d} M={p.M:4d}  "
-            + "  ".join(f"{m.config.variant.name}:{1e3 * m.seconds:.2f}" if m.status == "ok"
-                        else f"{m.config.variant.name}:{m.status}" for m in ms)
-            + (f"  -> {w.config.variant.name}" if w else ""))
+            + "  ".join(f"{m.label}:{1e3 * m.seconds:.2f}" if m.status == "ok"
+                        else f"{m.label}:{m.status}" for m in ms)
+            + (f"  -> {w.label}" if w else ""))
     return data
 
 
@@ -102,17 +102,42 @@ def evaluate(backend, data, folder, log):
     rows = []
     for k, (p, ms) in enumerate(data.items()):
         cands = autotune.configs_for(backend, p)
-        tB = {m.config.variant.name: halves(m)[1] for m in ms if m.status == "ok"}
+        tB = {m.label: halves(m)[1] for m in ms if m.status == "ok"}
         plan = sel.plan(backend, p, cands)
         hl, lsel = history_from(backend, data, folder, f"loo{k}", exclude=p)
         lplan = lsel.plan(backend, p, cands)
         hl.close()
         os.unlink(f"{folder}/loo{k}.sqlite")
-        rows.append(dict(N=p.N, D=p.D, M=p.M, times=tB, selected=plan.primary.variant.name, sel_reason=plan.reason,
-                         predicted=lplan.primary.variant.name, pred_reason=lplan.reason,
-                         oracle=min(tB, key=tB.get)))
+        rows.append(dict(N=p.N, D=p.D, M=p.M, times=tB, selected=autotune.short_label(plan.primary),
+                         sel_reason=plan.reason, predicted=autotune.short_label(lplan.primary),
+                         pred_reason=lplan.reason, pred_why=lplan.why, oracle=min(tB, key=tB.get)))
     h.close()
     return rows
+
+
+def unseen(rows, tolerance=0.05):
+    """Leave-one-out over the grid's shapes, on the half-B prices: the fraction of shapes whose
+    predicted configuration is within ``tolerance`` of the best, for the selector as it runs
+    (``predicted``: cost model or nearest neighbour, whichever its history's LOO prefers) and for
+    each predictor alone (:mod:`asp_gmm.costmodel`)."""
+    from asp_gmm import costmodel
+    classes = {(math.log(r["N"]), math.log(r["D"]), math.log(r["M"])): dict(r["times"]) for r in rows}
+    nn, n = costmodel.loo_accuracy(classes, costmodel.nearest_predictor, tolerance)
+    md, _ = costmodel.loo_accuracy(classes, costmodel.model_predictor, tolerance)
+    sel = sum(r["times"].get(r["predicted"], math.inf) <= (1 + tolerance) * r["times"][r["oracle"]]
+              for r in rows) / len(rows)
+    return dict(selector=sel, nearest=nn, model=md, shapes=n)
+
+
+def oracle_gain(rows, fixed, tolerance=0.05):
+    """Oracle gain (exhaustive best per shape over the best single fixed configuration, geometric
+    mean of the speed-ups), the selection's gain over the same fixed configuration, the fraction
+    of the oracle gain it reaches, and the shapes where it is within ``tolerance`` of the best."""
+    g_or = math.exp(statistics.fmean(math.log(r["times"][fixed] / r["times"][r["oracle"]]) for r in rows))
+    g_sel = math.exp(statistics.fmean(math.log(r["times"][fixed] / r["times"][r["selected"]]) for r in rows))
+    within = sum(r["times"][r["selected"]] <= (1 + tolerance) * r["times"][r["oracle"]] for r in rows)
+    return dict(oracle_gain=g_or - 1, selected_gain=g_sel - 1,
+                fraction=(g_sel - 1) / (g_or - 1) if g_or > 1 else 1.0, within=within, shapes=len(rows))
 
 
 def summarise(rows, baseline="V1"):
@@ -316,6 +341,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calls", type=int, default=2000, help="train calls in the overhead measurement")
     ap.add_argument("--overhead-only", action="store_true")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="measure each variant's default tunables only (the grid is then cheaper, but the "
+                         "oracle is over variants only)")
     ap.add_argument("--first-call", action="store_true",
                     help="only the first call on a fresh history against a warm one (CPU: N=1.5M, D=19, M=16; "
                          "cuda: N=50M, D=36, M=128), 10 iterations")
@@ -356,7 +384,7 @@ def main(argv=None):
         log(f"{args.backend} {backend.fingerprint().get('model', '')}: {len(problems)} problems, "
             f"N {g['N']}, D {g['D']}, M {g['M']}, full, float32")
         t0 = time.time()
-        data = measure_grid(backend, problems, args.repeats, args.max_seconds, args.seed, log)
+        data = measure_grid(backend, problems, args.repeats, args.max_seconds, args.seed, log, not args.defaults_only)
         with tempfile.TemporaryDirectory(prefix="asp_gmm_bench_") as folder:
             rows = evaluate(backend, data, folder, log)
         summ = summarise(rows)
@@ -364,6 +392,13 @@ def main(argv=None):
         log(per_problem_table(rows))
         log("")
         log(report(rows, summ))
+        og, un = oracle_gain(rows, summ["best_fixed"]), unseen(rows)
+        summ.update(oracle=og, unseen=un)
+        log(f"\n| grid | shapes | best fixed | oracle gain | selected gain | fraction | within 5 % | "
+            f"LOO selector | LOO nearest | LOO model |\n|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| {args.backend} | {og['shapes']} | {summ['best_fixed']} | {fmt_pct(og['oracle_gain'])} | "
+            f"{fmt_pct(og['selected_gain'])} | {100 * og['fraction']:.0f} % | {og['within']}/{og['shapes']} | "
+            f"{100 * un['selector']:.0f} % | {100 * un['nearest']:.0f} % | {100 * un['model']:.0f} % |")
         log(f"\nmeasured in {time.time() - t0:.0f} s")
         result.update(grid=g, rows=rows, summary=summ)
     result["overhead"] = overhead(args.backend, args.calls, log)
