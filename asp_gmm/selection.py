@@ -261,6 +261,8 @@ class _Index:
         self.run_failed: set = set()      # (VariantKey, cvtype, dtype, D, M)
         self._coords: dict = {}           # (cvtype, dtype) -> (class keys, array of log-coordinates)
         self._predictor: dict = {}        # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
+        self._vkeys: dict = {}            # (cvtype, dtype) -> every configuration measured on the whole data
+        self.searched: dict = {}          # (class key, measured configurations) -> search proposals
 
     def update(self):
         rows = self.view.rows
@@ -282,6 +284,8 @@ class _Index:
                 agg = per.get(r.variant)
                 if agg is None:
                     agg = per[r.variant] = _Agg()
+                    if not of:
+                        self._vkeys.pop((r.cvtype, r.dtype), None)
                 agg.add(r.seconds / r.N)
             elif r.status == "compile-failed":
                 self.compile_failed.add((r.variant, r.cvtype, r.dtype))
@@ -323,6 +327,14 @@ class _Index:
         here = np.array([N_WEIGHT * math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M)])
         d = np.sqrt(((arr - here) ** 2).sum(axis=1))
         return [(float(d[i]), keys[i]) for i in np.argsort(d, kind="stable")]
+
+    def measured_keys(self, cvtype: str, dtype: str) -> set:
+        """Every configuration (VariantKey) with a whole-data timing of this cvtype and dtype."""
+        got = self._vkeys.get((cvtype, dtype))
+        if got is None:
+            got = self._vkeys[(cvtype, dtype)] = {vk for k, per in self.classes.items() if k[:2] == (cvtype, dtype)
+                                                  for vk in per}
+        return got
 
     def predictor(self, cvtype: str, dtype: str):
         """``(name, model, loo_nearest, loo_model)`` for unseen shapes of (cvtype, dtype): the cost
@@ -473,7 +485,13 @@ class HistorySelector(Selector):
         else:
             primary = best[0]
         if not explore:
-            explore = self._search(backend, problem, valid, options, idx)
+            skey = (problem_class(problem), frozenset(self.vkey(c) for c, _ in options), len(valid))
+            explore = idx.searched.get(skey)
+            if explore is None:
+                if len(idx.searched) > 4096:
+                    idx.searched.clear()
+                explore = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
+            explore = list(explore)
             if explore:
                 why = f"{self.strategy.name} search of the tunables of " + ", ".join(
                     sorted({c.variant.name for c in explore}))
@@ -554,6 +572,22 @@ class HistorySelector(Selector):
         base = rule_order(backend, valid)
         keys = {self.vkey(c): c for c in base}
         name, model, loo_nn, loo_model = idx.predictor(problem.cvtype, problem.dtype)
+        if model is not None:
+            # the model also ranks tuned configurations of the candidates measured in other classes
+            # (each modelled from enough classes; nearest neighbour would favour the rarely measured)
+            keys = dict(keys)
+            by_source = {(vk.backend, vk.name, vk.source_sha256): c.variant for vk, c in keys.items()}
+            ctx = None
+            for vk in sorted(idx.measured_keys(problem.cvtype, problem.dtype) - set(keys), key=str):
+                v = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                if v is None or idx.failed(vk, problem):
+                    continue       # tuned configurations of the candidates, measured in other classes
+                tun = vk.tunables_dict
+                ctx = backend.limit_context() if ctx is None else ctx
+                if set(tun) == set(v.tunables) and v.allows(problem, tun, extra=ctx):
+                    c = Config.of(v, tun)
+                    keys[vk] = c
+                    base.append(c)
         pos = {c: i for i, c in enumerate(base)}
         if model is not None:
             ranked = model.rank(list(keys), math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M))
