@@ -263,6 +263,7 @@ class _Index:
         self._predictor: dict = {}        # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
         self._vkeys: dict = {}            # (cvtype, dtype) -> every configuration measured on the whole data
         self.searched: dict = {}          # (class key, measured configurations) -> search proposals
+        self.options: dict = {}           # (class key, number measured, candidates) -> [(Config, VariantKey)]
 
     def update(self):
         rows = self.view.rows
@@ -512,24 +513,31 @@ class HistorySelector(Selector):
 
     def _options(self, backend, problem, valid, measured, idx) -> list:
         """[(config, seconds per event)] measured in this class: the candidates, and tuned
-        configurations of the same variants (same source hash) that the limits allow."""
-        out, by_source = [], {}
-        for c in valid:
-            vk = self.vkey(c)
-            by_source[(vk.backend, vk.name, vk.source_sha256)] = (c.variant, vk.tunables)
-            t = measured.get(vk)
-            if t is not None:
-                out.append((c, t))
-        if len(measured) > len(out):
-            for vk, t in measured.items():
-                got = by_source.get((vk.backend, vk.name, vk.source_sha256))
-                if got is None or vk.tunables == got[1] or idx.failed(vk, problem):
-                    continue
-                v, tun = got[0], vk.tunables_dict
-                if set(tun) != set(v.tunables) or v.check(problem, tun, extra=backend.limit_context()):
-                    continue
-                out.append((Config.of(v, tun), t))
-        return out
+        configurations of the same variants (same source hash) that the limits allow. Which
+        configurations qualify is remembered per (class, configurations measured, candidates):
+        only their times change from call to call."""
+        vks = [self.vkey(c) for c in valid]
+        ckey = (problem_class(problem), len(measured), tuple(vks))
+        got = idx.options.get(ckey)
+        if got is None:
+            got, by_source = [], {}
+            for c, vk in zip(valid, vks):
+                by_source[(vk.backend, vk.name, vk.source_sha256)] = (c.variant, vk.tunables)
+                if vk in measured:
+                    got.append((c, vk))
+            if len(measured) > len(got):
+                for vk in measured:
+                    src = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                    if src is None or vk.tunables == src[1] or idx.failed(vk, problem):
+                        continue
+                    v, tun = src[0], vk.tunables_dict
+                    if set(tun) != set(v.tunables) or v.check(problem, tun, extra=backend.limit_context()):
+                        continue
+                    got.append((Config.of(v, tun), vk))
+            if len(idx.options) > 4096:
+                idx.options.clear()
+            idx.options[ckey] = got
+        return [(c, measured[vk]) for c, vk in got]
 
     def _search(self, backend, problem, valid, options, idx) -> list:
         """Tunable combinations to measure next (the search strategy's proposals) for the variants

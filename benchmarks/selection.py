@@ -209,8 +209,10 @@ def overhead(backend_name, calls, log):
     X = rng.standard_normal((200, 19)).astype(np.float32)
     g = GMM(4, 19, backend=backend_name)
     selection.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
-    for _ in range(3):
-        g.train(X, max_em_iters=3)  # explore, then warm
+    for _ in range(30):   # explore the variants, then search their tunables until converged
+        g.train(X, max_em_iters=3)
+        if g.last_train.reason == "history":
+            break
     # in isolation, on a copy of that history (the train-call measurement below keeps its own)
     selection.default_selector().flush()
     iso = History(f"sqlite:///{folder}/isolated.sqlite")
