@@ -351,7 +351,7 @@ def main(argv=None):
                          "cuda: N=50M, D=36, M=128), 10 iterations")
     ap.add_argument("--first-repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true",
-                    help="GPU: first call at N=10M, 2 repeats, and a 3x3 grid (fits in about 4 minutes)")
+                    help="GPU: first call at N=10M, 2 repeats, and 8 shapes with default tunables (about 4 minutes)")
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
 
@@ -376,7 +376,9 @@ def main(argv=None):
             out.write_text(json.dumps(result, indent=1, default=str))
             return
         args.grid = args.grid or "gpu"
-        args.N, args.D, args.M = args.N or "10000,100000,500000", args.D or "6,24,36", args.M or "4,32,128"
+        # 8 shapes, default tunables only (V5 alone has 96 combinations, each an nvcc compile per shape)
+        args.N, args.D, args.M = "100000,500000", args.D or "24,36", args.M or "32,128"
+        args.defaults_only, args.calls = True, min(args.calls, 300)
     if not args.overhead_only:
         g = dict(GRIDS[args.grid or ("gpu" if args.backend == "cuda" else "cpu")])
         for k in ("N", "D", "M"):
