@@ -140,6 +140,8 @@ def cmd_history(args) -> int:
             print(f"{r.created_at:%Y-%m-%d %H:%M:%S}  {r.device_id:16}  {label[:28]:28} {r.N:8d} {r.D:4d} {r.M:4d} "
                   f"{r.cvtype:4} {r.dtype:7} {r.status:14} {ms:>9} {r.repeats:4d}")
         return 0
+    if args.action == "why":
+        return _why(args)
     if args.action == "export":
         n = h.export(args.file)
         print(f"exported {n} rows to {args.file}")
@@ -163,6 +165,27 @@ def cmd_history(args) -> int:
         print(f"deleted {n} rows from {h.where}")
         return 0
     raise AssertionError(args.action)  # pragma: no cover
+
+
+def _why(args) -> int:
+    """What ``train`` would run for one problem on this device, and why (the plan, the pruned
+    candidates, the predictor with its leave-one-out scores, the tunable search)."""
+    from . import selection
+    from .problem import Problem
+    from .specializer import Specializer
+    backend = _backend(args.backend)
+    sp = Specializer(backend)
+    p = Problem(args.N, args.D, args.M, args.cvtype, args.dtype)
+    plan = sp.policy.choose(backend, p, sp.candidates(p), tuning=selection.autotune_enabled())
+    print(f"{backend.name} N={p.N} D={p.D} M={p.M} {p.cvtype} {p.dtype}: runs {plan.primary.label} ({plan.reason})")
+    if plan.why:
+        print(f"  why: {plan.why}")
+    if plan.explore:
+        print(f"  explores first (one iteration each, on a sample at large N): "
+              f"{', '.join(c.label for c in plan.explore)}")
+    if plan.pruned:
+        print(f"  not explored (predicted far slower): {', '.join(c.label for c in plan.pruned)}")
+    return 0
 
 
 # ---------------------------------------------------------------------------------- info
@@ -303,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     hs = h.add_subparsers(dest="action", required=True)
     hl = hs.add_parser("list", help="devices and the newest timings", formatter_class=fmt)
     hl.add_argument("--limit", type=_positive_int, default=50, help="timings shown, newest first")
+    hw = hs.add_parser("why", help="which configuration train() would run for a problem on this device, and why",
+                       formatter_class=fmt)
+    hw.add_argument("--N", type=_positive_int, required=True, help="events")
+    hw.add_argument("--D", type=_positive_int, required=True, help="dimensions")
+    hw.add_argument("--M", type=_positive_int, required=True, help="components")
+    hw.add_argument("--cvtype", default="full", choices=["full", "diag"], help="covariance type")
+    hw.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="working precision")
+    hw.add_argument("--backend", default="c", help="c or cuda")
     he = hs.add_parser("export", help="write the whole history to a JSON file", formatter_class=fmt)
     he.add_argument("file", help="JSON file to write")
     hi = hs.add_parser("import", help="add the rows of an exported JSON file (same schema version; checked "

@@ -50,10 +50,27 @@ thousands of slightly different N (the diarization example) explores each class 
    ``launch-failed`` or ``invalid`` row excludes it for that (D, M, cvtype, dtype), any N. Neither
    is retried until the source changes (a new hash is a new key).
 
-*Tunables.* ``train`` explores each variant with its default tunables only (the manifest's first
-values): a 10-iteration call cannot afford the product of every variant's tunable space. ``asp-gmm
-tune --tunables`` measures the other combinations; once the history has a faster tuned
-configuration for a class, exploitation uses it.
+*Exploration that pays for itself* (issue 24). At large N (:meth:`Policy.sample_size`: when the
+budget's sample is at most a quarter of N) the untried candidates, and the primary unless it has a
+sampled timing already, each run one EM iteration on a sample of evenly spaced events (at least
+:data:`SAMPLE_MIN`), recorded with ``sampled_from = N`` (history schema 3) and compared within the
+class per event, scaled by the class's whole-data/sampled calibration; the specializer stops once
+:data:`EXPLORE_FRACTION` of the call's estimated time is spent (the rest is explored by later
+calls) and then runs every iteration of the call with the best configuration now known. Small
+problems explore in place as before (each explored iteration is one of the call's). Untried
+candidates that the prediction puts more than :data:`PRUNE_FACTOR` times slower than the best,
+on at least :data:`PRUNE_MIN_CLASSES` measured classes, are pruned (``Plan.pruned``).
+
+*Tunables.* Once every variant is measured in a class, the search strategy
+(:mod:`asp_gmm.search`, coordinate descent by default) proposes tunable combinations of the
+variants within :data:`TUNE_WITHIN` of the best, at most :data:`TUNE_PROPOSALS` a call, until it
+converges; ``asp-gmm tune --tunables`` measures the whole space. Exploitation uses the fastest
+measured combination.
+
+*Unseen shapes.* The prediction (rule 3, and the exploration order) uses the cost model of
+:mod:`asp_gmm.costmodel` where its leave-one-out accuracy on this history is at least the
+nearest-neighbour rule's, else the nearest-neighbour rule; ``Plan.why`` (``TrainResult.why``,
+``asp-gmm history why``) says which, with both scores.
 
 *Cost.* The history of the device is read once per process into memory
 (:meth:`asp_gmm.tuning_db.History.view`) and folded into per-class aggregates; planning on a warm
@@ -62,6 +79,7 @@ history is dictionary look-ups (tens of microseconds). Records are queued and wr
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -85,6 +103,13 @@ class Plan:
     primary: Config
     explore: list = field(default_factory=list)
     reason: str = ""
+    #: configurations left unexplored because a prediction put them far slower than the best
+    pruned: list = field(default_factory=list)
+    #: one line: what the decision rested on (``TrainResult.why``, ``asp-gmm history why``)
+    why: str = ""
+    #: whether ``primary`` has a sampled timing in the class already (sampled exploration then
+    #: need not time it again on the sample)
+    primary_sampled: bool = False
     #: Candidates to explore that are not compiled: they compile in the background after the call,
     #: for later calls to explore (a call never waits for an optional compile).
     compile_later: list = field(default_factory=list)
@@ -117,6 +142,20 @@ ESTEP_PREFERENCE = {
 #: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
 #: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
 EXPLORE_COMPILE_WORK = 1e9
+#: Most of a call's (estimated) time that exploring may take; the rest is left for next calls.
+EXPLORE_FRACTION = 0.10
+#: Fewest events an exploration sample has: below that, fixed costs (thread teams, launches)
+#: blur the per-event times the sample is for.
+SAMPLE_MIN = 32768
+#: An untried candidate predicted this many times slower than the predicted best is not explored.
+PRUNE_FACTOR = 1.5
+#: ... provided the prediction draws on at least this many measured classes.
+PRUNE_MIN_CLASSES = 2
+#: Variants whose (best) time in the class is within this factor of the best get their tunables
+#: searched, at most :data:`TUNE_VARIANTS` of them, :data:`TUNE_PROPOSALS` combinations a call.
+TUNE_WITHIN = 1.25
+TUNE_VARIANTS = 2
+TUNE_PROPOSALS = 6
 
 
 def autotune_enabled() -> bool:
@@ -131,9 +170,11 @@ class Selector:
         raise NotImplementedError
 
     def record(self, backend, problem: Problem, config: Config, status: str,
-               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1) -> None:
+               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1,
+               sampled_from: int | None = None) -> None:
         """Report one measurement (status "ok") or failure ("compile-failed", "launch-failed",
-        "invalid"). The rule keeps nothing."""
+        "invalid"). ``problem`` is what ran; ``sampled_from``: the N of the call whose events
+        were sampled (the timing then stands for that problem's class). The rule keeps nothing."""
 
 
 def rule_order(backend, candidates: list) -> list:
@@ -190,15 +231,21 @@ class _Agg:
 
 
 class _Index:
-    """Aggregates of one device's rows: ok timings per class, failures per scope."""
+    """Aggregates of one device's rows: ok timings per class (full-data and sampled apart),
+    failures per scope, and the predictors fitted to them."""
 
     def __init__(self, view):
         self.view = view
         self.consumed = 0
-        self.classes: dict = {}          # class key -> {VariantKey: _Agg}
+        self.classes: dict = {}          # class key -> {VariantKey: _Agg}, timings on the whole data
+        self.sampled: dict = {}          # class key -> {VariantKey: _Agg}, timings on a sample
         self.compile_failed: set = set()  # (VariantKey, cvtype, dtype)
         self.run_failed: set = set()      # (VariantKey, cvtype, dtype, D, M)
         self._coords: dict = {}           # (cvtype, dtype) -> (class keys, array of log-coordinates)
+        self._predictor: dict = {}        # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
+        self._vkeys: dict = {}            # (cvtype, dtype) -> every configuration measured on the whole data
+        self.searched: dict = {}          # (class key, measured configurations) -> search proposals
+        self.options: dict = {}           # (class key, number measured, candidates) -> [(Config, VariantKey)]
 
     def update(self):
         rows = self.view.rows
@@ -208,20 +255,41 @@ class _Index:
             if r.status == "ok":
                 if r.seconds is None or r.N <= 0:
                     continue
-                ck = (r.cvtype, r.dtype, r.D, r.M, round(2 * math.log2(max(r.N, 1))))
-                per = self.classes.get(ck)
+                of = getattr(r, "sampled_from", None)
+                ck = (r.cvtype, r.dtype, r.D, r.M, round(2 * math.log2(max(of or r.N, 1))))
+                table = self.sampled if of else self.classes
+                per = table.get(ck)
                 if per is None:
-                    per = self.classes[ck] = {}
-                    self._coords.pop((r.cvtype, r.dtype), None)
+                    per = table[ck] = {}
+                    if not of:
+                        self._coords.pop((r.cvtype, r.dtype), None)
+                        self._predictor.pop((r.cvtype, r.dtype), None)
                 agg = per.get(r.variant)
                 if agg is None:
                     agg = per[r.variant] = _Agg()
+                    if not of:
+                        self._vkeys.pop((r.cvtype, r.dtype), None)
                 agg.add(r.seconds / r.N)
             elif r.status == "compile-failed":
                 self.compile_failed.add((r.variant, r.cvtype, r.dtype))
             else:
                 self.run_failed.add((r.variant, r.cvtype, r.dtype, r.D, r.M))
         self.consumed = len(rows)
+
+    def scores(self, ck) -> dict:
+        """{VariantKey: seconds per event} in class ``ck``: the whole-data median where there is one,
+        else the sampled median scaled by the class's calibration (median ratio whole/sampled of
+        the configurations measured both ways; 1 when none is)."""
+        full = self.classes.get(ck, {})
+        samp = self.sampled.get(ck, {})
+        out = {vk: a.median for vk, a in full.items()}
+        if samp:
+            ratios = sorted(full[vk].median / a.median for vk, a in samp.items() if vk in full and a.median > 0)
+            cal = ratios[len(ratios) // 2] if ratios else 1.0
+            for vk, a in samp.items():
+                if vk not in out:
+                    out[vk] = a.median * cal
+        return out
 
     def failed(self, vk, problem: Problem) -> bool:
         return ((vk, problem.cvtype, problem.dtype) in self.compile_failed
@@ -243,6 +311,42 @@ class _Index:
         d = np.sqrt(((arr - here) ** 2).sum(axis=1))
         return [(float(d[i]), keys[i]) for i in np.argsort(d, kind="stable")]
 
+    def measured_keys(self, cvtype: str, dtype: str) -> set:
+        """Every configuration (VariantKey) with a whole-data timing of this cvtype and dtype."""
+        got = self._vkeys.get((cvtype, dtype))
+        if got is None:
+            got = self._vkeys[(cvtype, dtype)] = {vk for k, per in self.classes.items() if k[:2] == (cvtype, dtype)
+                                                  for vk in per}
+        return got
+
+    def predictor(self, cvtype: str, dtype: str):
+        """``(name, model, loo_nearest, loo_model)`` for unseen shapes of (cvtype, dtype): the cost
+        model (:mod:`asp_gmm.costmodel`) where its leave-one-out accuracy over the measured
+        classes is at least the nearest-neighbour rule's, else ``"nearest"`` (model ``None``).
+        Refitted only when a new class is measured."""
+        got = self._predictor.get((cvtype, dtype))
+        if got is None:
+            from . import costmodel
+            classes = {}
+            for k in self.classes:
+                if k[:2] == (cvtype, dtype):
+                    classes[(k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3]))] = self.scores(k)
+            if len(classes) < costmodel.MIN_POINTS + 1:
+                got = ("nearest", None, 0.0, 0.0)
+            else:
+                nn, _ = costmodel.loo_accuracy(classes, costmodel.nearest_predictor)
+                md, _ = costmodel.loo_accuracy(classes, costmodel.model_predictor)
+                model = None
+                if md >= nn:
+                    points: dict = {}
+                    for c, times in classes.items():
+                        for vk, t in times.items():
+                            points.setdefault(vk, []).append((*c, math.log(t)))
+                    model = costmodel.CostModel(points)
+                got = ("model" if model is not None else "nearest", model, nn, md)
+            self._predictor[(cvtype, dtype)] = got
+        return got
+
 
 class HistorySelector(Selector):
     """Selection from the measured history of the device (see the module documentation).
@@ -255,9 +359,13 @@ class HistorySelector(Selector):
         opened, one warning says why and the fixed rule (:class:`RuleSelector`) decides instead.
     runtime : asp_gmm.runtime.Runtime, optional
         Whose shared histories to use without ``history`` (default: the default runtime).
+    strategy : str, optional
+        The search strategy over tunables (:mod:`asp_gmm.search`; default ``"coordinate"``).
     """
 
-    def __init__(self, history=None, runtime=None):
+    def __init__(self, history=None, runtime=None, strategy: str | None = None):
+        from . import search
+        self.strategy = search.get(strategy)   # searches the tunables (asp_gmm.search)
         self._fixed = history
         self._runtime = runtime     # whose shared history to use (default: the default runtime)
         self._rule = RuleSelector()
@@ -332,50 +440,158 @@ class HistorySelector(Selector):
         if not valid:
             log.debug("every candidate failed before on this device; trying the rule's choice again")
             return self._rule.plan(backend, problem, candidates)
-        measured = idx.classes.get(problem_class(problem), {})
-        options = self._options(backend, problem, valid, measured, idx)
-        untried = [c for c in valid if self.vkey(c) not in measured]
-        if not untried:
-            best = min(options, key=lambda o: o[1])[0]
-            return Plan(best, [], "history")
-        ranking, predicted = self._rank(backend, problem, valid, idx)
-        if autotune_enabled():
-            primary = min(options, key=lambda o: o[1])[0] if options else ranking[0]
-            explore = [c for c in ranking if c in untried and c != primary]
-            return Plan(primary, explore, "explore")
-        log.debug("%s %s for %s on %s (%s)", "predicted" if predicted else "rule", ranking[0].label, problem,
-                  backend.name, "nearest measured classes" if predicted else "nothing measured nearby")
-        return Plan(ranking[0], [], "predicted" if predicted else "rule")
+        scores = idx.scores(problem_class(problem))
+        options = self._options(backend, problem, valid, scores, idx)
+        untried = [c for c in valid if self.vkey(c) not in scores]
+        best = min(options, key=lambda o: o[1]) if options else None
+        if not autotune_enabled():
+            if not untried:
+                return Plan(best[0], [], "history", why=self._why_best(best, options))
+            ranking, predicted, _, how = self._rank(backend, problem, valid, idx)
+            log.debug("%s %s for %s on %s (%s)", "predicted" if predicted else "rule", ranking[0].label, problem,
+                      backend.name, how)
+            return Plan(ranking[0], [], "predicted" if predicted else "rule", why=how)
+        pruned, explore, why = [], [], ""
+        if untried:
+            ranking, predicted, rel, how = self._rank(backend, problem, valid, idx)
+            for c in ranking:
+                if c not in untried:
+                    continue
+                r = rel.get(c)
+                if r is not None and r[1] >= PRUNE_MIN_CLASSES and r[0] > math.log(PRUNE_FACTOR):
+                    pruned.append(c)
+                else:
+                    explore.append(c)
+            primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
+            why = how + (f"; pruned {', '.join(c.label for c in pruned)} (predicted > {PRUNE_FACTOR:g}x "
+                         "the best)" if pruned else "")
+        else:
+            primary = best[0]
+        if not explore:
+            skey = (problem_class(problem), frozenset(self.vkey(c) for c, _ in options), len(valid))
+            explore = idx.searched.get(skey)
+            if explore is None:
+                if len(idx.searched) > 4096:
+                    idx.searched.clear()
+                explore = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
+            explore = list(explore)
+            if explore:
+                why = f"{self.strategy.name} search of the tunables of " + ", ".join(
+                    sorted({c.variant.name for c in explore}))
+        explore = [c for c in explore if c != primary] if untried else explore
+        if not explore:
+            return Plan(primary, [], "history", pruned, self._why_best(best, options) + (
+                "; " + why if why else ""))
+        done = self.vkey(primary) in idx.sampled.get(problem_class(problem), {})
+        return Plan(primary, explore, "explore", pruned, why, done)
+
+    @staticmethod
+    def _why_best(best, options) -> str:
+        if not best:
+            return ""
+        rest = sorted(t for c, t in options if c != best[0])
+        vs = f", next {rest[0] / best[1]:.2f}x" if rest else ""
+        return f"fastest of {len(options)} measured in the class ({best[1] * 1e9:.3g} ns/event{vs})"
 
     def _options(self, backend, problem, valid, measured, idx) -> list:
-        """[(config, median)] measured in this class: the candidates, and tuned configurations of
-        the same variants (same source hash) that the limits allow."""
-        out, by_source = [], {}
-        for c in valid:
-            vk = self.vkey(c)
-            by_source[(vk.backend, vk.name, vk.source_sha256)] = (c.variant, vk.tunables)
-            agg = measured.get(vk)
-            if agg is not None:
-                out.append((c, agg.median))
-        if len(measured) > len(out):
-            for vk, agg in measured.items():
-                got = by_source.get((vk.backend, vk.name, vk.source_sha256))
-                if got is None or vk.tunables == got[1] or idx.failed(vk, problem):
-                    continue
-                v, tun = got[0], vk.tunables_dict
-                if set(tun) != set(v.tunables) or v.check(problem, tun, extra=backend.limit_context()):
-                    continue
-                out.append((Config.of(v, tun), agg.median))
+        """[(config, seconds per event)] measured in this class: the candidates, and tuned
+        configurations of the same variants (same source hash) that the limits allow. Which
+        configurations qualify is remembered per (class, configurations measured, candidates):
+        only their times change from call to call."""
+        vks = [self.vkey(c) for c in valid]
+        ckey = (problem_class(problem), len(measured), tuple(vks))
+        got = idx.options.get(ckey)
+        if got is None:
+            got, by_source = [], {}
+            for c, vk in zip(valid, vks):
+                by_source[(vk.backend, vk.name, vk.source_sha256)] = (c.variant, vk.tunables)
+                if vk in measured:
+                    got.append((c, vk))
+            if len(measured) > len(got):
+                for vk in measured:
+                    src = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                    if src is None or vk.tunables == src[1] or idx.failed(vk, problem):
+                        continue
+                    v, tun = src[0], vk.tunables_dict
+                    if set(tun) != set(v.tunables) or v.check(problem, tun, extra=backend.limit_context()):
+                        continue
+                    got.append((Config.of(v, tun), vk))
+            if len(idx.options) > 4096:
+                idx.options.clear()
+            idx.options[ckey] = got
+        return [(c, measured[vk]) for c, vk in got]
+
+    def _search(self, backend, problem, valid, options, idx) -> list:
+        """Tunable combinations to measure next (the search strategy's proposals) for the variants
+        within :data:`TUNE_WITHIN` of the best measured time, best variant first."""
+        if not options:
+            return []
+        from . import search
+        strategy = self.strategy
+        best_by_variant: dict = {}
+        for c, t in options:
+            n = c.variant.name
+            if n not in best_by_variant or t < best_by_variant[n][1]:
+                best_by_variant[n] = (c, t)
+        top = min(t for _, t in best_by_variant.values())
+        out = []
+        ctx = backend.limit_context()
+        start_of = {c.variant.name: c for c in valid}
+        for name, (c, t) in sorted(best_by_variant.items(), key=lambda kv: kv[1][1])[:TUNE_VARIANTS]:
+            v = c.variant
+            if t > TUNE_WITHIN * top or not v.tunables or name not in start_of:
+                continue
+            measured = {search.key(o.params): tt for o, tt in options if o.variant.name == name}
+            for combo in v.tunable_space():   # combinations its limits or failures exclude: never proposed
+                k = search.key(combo)
+                if k not in measured and (not v.allows(problem, combo, ctx)
+                                          or idx.failed(self.vkey(Config.of(v, combo)), problem)):
+                    measured[k] = math.inf
+            for combo in strategy.propose(v.tunables, start_of[name].params, measured, TUNE_PROPOSALS - len(out)):
+                out.append(Config.of(v, combo))
+            if len(out) >= TUNE_PROPOSALS:
+                break
         return out
 
     def _rank(self, backend, problem, valid, idx):
-        """Candidates best-first by the nearest-neighbour prediction; (ranking, predicted?)."""
+        """Candidates best-first by the prediction for the problem's class.
+
+        Returns ``(ranking, predicted?, {config: (ln(t / t_best predicted), classes it rests on)},
+        one line saying how)``. The predictor is the cost model where it beats the nearest-neighbour
+        rule by leave-one-out on this history, else the nearest-neighbour rule."""
         base = rule_order(backend, valid)
         keys = {self.vkey(c): c for c in base}
-        score, weight, used = {}, {}, 0
+        name, model, loo_nn, loo_model = idx.predictor(problem.cvtype, problem.dtype)
+        if model is not None:
+            # the model also ranks tuned configurations of the candidates measured in other classes
+            # (each modelled from enough classes; nearest neighbour would favour the rarely measured)
+            keys = dict(keys)
+            by_source = {(vk.backend, vk.name, vk.source_sha256): c.variant for vk, c in keys.items()}
+            ctx = None
+            for vk in sorted(idx.measured_keys(problem.cvtype, problem.dtype) - set(keys), key=str):
+                v = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                if v is None or idx.failed(vk, problem):
+                    continue       # tuned configurations of the candidates, measured in other classes
+                tun = vk.tunables_dict
+                ctx = backend.limit_context() if ctx is None else ctx
+                if set(tun) == set(v.tunables) and v.allows(problem, tun, extra=ctx):
+                    c = Config.of(v, tun)
+                    keys[vk] = c
+                    base.append(c)
+        pos = {c: i for i, c in enumerate(base)}
+        if model is not None:
+            ranked = model.rank(list(keys), math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M))
+            if ranked:
+                lo = ranked[0][0]
+                npts = len(idx.classes)
+                rel = {keys[k]: (p - lo, npts) for p, k in ranked}
+                ranking = sorted(base, key=lambda c: (0, rel[c][0], pos[c]) if c in rel else (1, 0.0, pos[c]))
+                return ranking, True, rel, (f"cost model (leave-one-out {100 * loo_model:.0f}% "
+                                            f"against nearest {100 * loo_nn:.0f}%)")
+        score, weight, count, used = {}, {}, {}, 0
         for d, ck in idx.nearest(problem):
-            per = idx.classes[ck]
-            here = [(per[vk].median, vk) for vk in keys if vk in per]
+            per = idx.scores(ck)
+            here = [(per[vk], vk) for vk in keys if vk in per]
             if len(here) < 2:
                 continue
             fastest = min(t for t, _ in here)
@@ -383,17 +599,21 @@ class HistorySelector(Selector):
             for t, vk in here:
                 score[vk] = score.get(vk, 0.0) + w * math.log(t / fastest)
                 weight[vk] = weight.get(vk, 0.0) + w
+                count[vk] = count.get(vk, 0) + 1
             used += 1
             if used >= NEIGHBOURS:
                 break
         if not score:
-            return base, False
-        pos = {c: i for i, c in enumerate(base)}
+            return base, False, {}, "rule order (nothing measured nearby)"
         ranking = sorted(base, key=lambda c: (0, score[self.vkey(c)] / weight[self.vkey(c)], pos[c])
                          if self.vkey(c) in score else (1, 0.0, pos[c]))
-        return ranking, True
+        raw = {keys[vk]: score[vk] / weight[vk] for vk in score}
+        lo = min(raw.values())
+        rel = {c: (v - lo, count[self.vkey(c)]) for c, v in raw.items()}
+        return ranking, True, rel, f"nearest {used} measured class(es)"
 
-    def record(self, backend, problem, config, status, seconds=None, cov_seconds=None, repeats=1) -> None:
+    def record(self, backend, problem, config, status, seconds=None, cov_seconds=None, repeats=1,
+               sampled_from: int | None = None) -> None:
         if status == "ok" and not (seconds and seconds > 0):
             return
         history = self.history()
@@ -403,7 +623,7 @@ class HistorySelector(Selector):
         try:
             history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
                            problem.dtype, status, seconds, cov_seconds, repeats,
-                           threads=backend.run_threads(problem))
+                           threads=backend.run_threads(problem), sampled_from=sampled_from)
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
             self.runtime.disable(history, exc)
 
@@ -486,18 +706,43 @@ class Policy:
             if not pinned and not ready(plan.primary):
                 alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
                 if alt is not None:
-                    plan = Plan(alt, [], plan.reason + ", compiled")
-            return Plan(plan.primary, explore, plan.reason)
+                    plan = dataclasses.replace(plan, primary=alt, explore=[], reason=plan.reason + ", compiled",
+                                               primary_sampled=False)
+            return dataclasses.replace(plan, explore=explore)
         # a call never waits for an optional compile: it explores what is compiled, the others
         # compile after it; a planned configuration not compiled yet compiles in the background
         later = [c for c in explore if not ready(c)]
         explore = [c for c in explore if c not in later]
-        return Plan(plan.primary, explore, plan.reason, later, not pinned and not ready(plan.primary))
+        return dataclasses.replace(plan, explore=explore, compile_later=later,
+                                   primary_in_background=not pinned and not ready(plan.primary))
 
     def record(self, backend, problem: Problem, config: Config, status: str,
-               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1) -> None:
+               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1,
+               sampled_from: int | None = None) -> None:
         """Report a measurement or a failure to the selector (see :meth:`Selector.record`)."""
-        self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats)
+        if sampled_from is None:
+            self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats)
+        else:
+            self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats,
+                                 sampled_from=sampled_from)
+
+    # ------------------------------------------------------------------ exploration budget
+    def sample_size(self, problem: Problem, n_explore: int, max_iters: int) -> int:
+        """Events to explore ``n_explore`` configurations on: ``problem.N`` (explore in place: each
+        explored iteration is one of the call's EM iterations) when that is at most a quarter of
+        the sample the budget allows, else a sample of about :data:`EXPLORE_FRACTION` of the
+        call's events-iterations shared by the explored configurations and the primary (each run
+        for one iteration, each allowed twice the primary's time), at least :data:`SAMPLE_MIN`.
+        """
+        N = problem.N
+        s = max(SAMPLE_MIN, int(EXPLORE_FRACTION * max(max_iters, 1) * N / (2 * (n_explore + 1))))
+        return N if 4 * s > N else s
+
+    def explore_allowance(self, problem: Problem, max_iters: int, seconds_per_event: float) -> float:
+        """Seconds of a call that exploring may take: :data:`EXPLORE_FRACTION` of its estimated time
+        (``max_iters`` iterations of ``problem.N`` events at ``seconds_per_event``, the fastest
+        measured so far)."""
+        return EXPLORE_FRACTION * max(max_iters, 1) * problem.N * seconds_per_event
 
     # ------------------------------------------------------------------ E-step
     def choose_estep(self, backend, problem: Problem, candidates: list, pinned: str | None = None):

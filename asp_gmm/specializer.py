@@ -9,6 +9,7 @@ It never validates user input (the Face does) and never touches the tuning histo
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import statistics
@@ -26,6 +27,10 @@ from .reference import converged as converged_rule
 from .selection import Config
 
 log = logging.getLogger("asp_gmm")
+
+#: Rounds of sampled exploration in one call (the variants, then steps of the tunable search),
+#: each stopped by the policy's allowance of the call's time.
+SAMPLE_ROUNDS = 4
 
 
 @dataclass
@@ -46,6 +51,9 @@ class TrainResult:
         Configurations tried for one iteration each.
     reason : str
         Why the selector chose it ("history", "predicted", "rule", "pinned", ...).
+    why : str
+        What the choice rested on, in one line (measured times, the predictor and its
+        leave-one-out score, pruned candidates, the tunable search).
     seconds : float
         Wall time of the call inside the specializer.
     loglik_trace : list of float
@@ -65,6 +73,7 @@ class TrainResult:
     reason: str
     seconds: float
     loglik_trace: list
+    why: str = ""
     n_events: int = 0
 
 
@@ -152,6 +161,19 @@ class Specializer:
                           tuning=tuning)
         explore = list(plan.explore)
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+        sample = sel.sample_size(problem, len(explore), max_iters) if explore else problem.N
+        if sample < problem.N:
+            # large N: explore on a sample of the events (nothing of the call's EM advances), then
+            # run every iteration with the best configuration the history now knows
+            sampled, budget = [], {"spent": 0.0, "fastest": None, "slowest": 0.0}
+            for _ in range(SAMPLE_ROUNDS):   # the variants, then the tunable search while the budget lasts
+                done, stopped = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
+                                                     max_iters, sel, budget)
+                sampled += done
+                plan = sel.choose(backend, problem, self.candidates(problem, variant), tuning=tuning)
+                if stopped or not done or not plan.explore:
+                    break
+            explore = []
         pending = None      # (config, future) of the planned configuration compiling in the background
         if plan.primary_in_background:
             fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
@@ -255,8 +277,49 @@ class Specializer:
         for c in plan.compile_later:
             _start(backend, "kernel_async", c.variant, c.params, problem)
         label = used.label if used is not None else plan.primary.label
+        if sample < problem.N:
+            explored = sampled
         return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
-                           time.perf_counter() - t_start, trace)
+                           time.perf_counter() - t_start, trace, plan.why)
+
+    def _explore_sample(self, X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel, budget):
+        """One EM iteration of the primary and of each configuration to explore on ``sample``
+        evenly spaced events, each recorded as sampled, until the policy's allowance of the call's
+        time is spent (the rest is explored by later calls; ``budget`` carries the spending across
+        rounds); returns (labels explored, whether the allowance stopped it)."""
+        step = max(problem.N // sample, 1)
+        Xs = X[::step][:sample]
+        Xs = Xs.contiguous() if hasattr(Xs, "contiguous") else np.ascontiguousarray(Xs)
+        sp = dataclasses.replace(problem, N=int(Xs.shape[0]))
+        done, stopped = [], False
+        spent, fastest, slowest = budget["spent"], budget["fastest"], budget["slowest"]
+        session = self.backend.open(Xs, sp)
+        try:
+            first = [] if plan.primary_sampled else [plan.primary]
+            for cfg in first + [c for c in plan.explore if c != plan.primary]:
+                if fastest is not None and spent + slowest * sp.N > sel.explore_allowance(problem, max_iters, fastest):
+                    stopped = True
+                    break
+                kernel = self._kernel(cfg, sp, sel)
+                if kernel is None:
+                    continue
+                session.set_params(weights, means, covars, reg_covar)
+                try:
+                    run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
+                except KernelError as exc:
+                    sel.record(self.backend, problem, cfg, "launch-failed")
+                    log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
+                    continue
+                t = run.iter_seconds[0]
+                spent += t
+                fastest = t / sp.N if fastest is None else min(fastest, t / sp.N)
+                slowest = max(slowest, t / sp.N)
+                sel.record(self.backend, sp, cfg, "ok", t, run.cov_seconds[0], 1, sampled_from=problem.N)
+                done.append(cfg.label)
+        finally:
+            session.close()
+        budget.update(spent=spent, fastest=fastest, slowest=slowest)
+        return done, stopped
 
     def prepare(self, problem: Problem, variant: str | None = None) -> int:
         """Compile or load every candidate configuration for ``problem`` and the backend's other

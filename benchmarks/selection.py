@@ -58,20 +58,20 @@ def fmt_pct(x):
     return f"{100 * x:+.1f}%"
 
 
-def measure_grid(backend, problems, repeats, max_seconds, seed, log):
+def measure_grid(backend, problems, repeats, max_seconds, seed, log, tunables=False):
     data = {}
     t0 = time.time()
     for i, p in enumerate(problems):
-        cfgs = autotune.configs_for(backend, p)
+        cfgs = autotune.configs_for(backend, p, tunables)
         ms = autotune.measure(backend, p, cfgs, repeats=repeats, seed=seed, max_seconds=max_seconds,
                               min_repeats=2)
         data[p] = ms
         ok = [m for m in ms if m.status == "ok"]
         w = min(ok, key=lambda m: m.seconds) if ok else None
         log(f"[{i + 1:3d}/{len(problems)} {time.time() - t0:6.0f}s] N={p.N:7d} D={p.D:3d} M={p.M:4d}  "
-            + "  ".join(f"{m.config.variant.name}:{1e3 * m.seconds:.2f}" if m.status == "ok"
-                        else f"{m.config.variant.name}:{m.status}" for m in ms)
-            + (f"  -> {w.config.variant.name}" if w else ""))
+            + "  ".join(f"{m.label}:{1e3 * m.seconds:.2f}" if m.status == "ok"
+                        else f"{m.label}:{m.status}" for m in ms)
+            + (f"  -> {w.label}" if w else ""))
     return data
 
 
@@ -102,17 +102,42 @@ def evaluate(backend, data, folder, log):
     rows = []
     for k, (p, ms) in enumerate(data.items()):
         cands = autotune.configs_for(backend, p)
-        tB = {m.config.variant.name: halves(m)[1] for m in ms if m.status == "ok"}
+        tB = {m.label: halves(m)[1] for m in ms if m.status == "ok"}
         plan = sel.plan(backend, p, cands)
         hl, lsel = history_from(backend, data, folder, f"loo{k}", exclude=p)
         lplan = lsel.plan(backend, p, cands)
         hl.close()
         os.unlink(f"{folder}/loo{k}.sqlite")
-        rows.append(dict(N=p.N, D=p.D, M=p.M, times=tB, selected=plan.primary.variant.name, sel_reason=plan.reason,
-                         predicted=lplan.primary.variant.name, pred_reason=lplan.reason,
-                         oracle=min(tB, key=tB.get)))
+        rows.append(dict(N=p.N, D=p.D, M=p.M, times=tB, selected=autotune.short_label(plan.primary),
+                         sel_reason=plan.reason, predicted=autotune.short_label(lplan.primary),
+                         pred_reason=lplan.reason, pred_why=lplan.why, oracle=min(tB, key=tB.get)))
     h.close()
     return rows
+
+
+def unseen(rows, tolerance=0.05):
+    """Leave-one-out over the grid's shapes, on the half-B prices: the fraction of shapes whose
+    predicted configuration is within ``tolerance`` of the best, for the selector as it runs
+    (``predicted``: cost model or nearest neighbour, whichever its history's LOO prefers) and for
+    each predictor alone (:mod:`asp_gmm.costmodel`)."""
+    from asp_gmm import costmodel
+    classes = {(math.log(r["N"]), math.log(r["D"]), math.log(r["M"])): dict(r["times"]) for r in rows}
+    nn, n = costmodel.loo_accuracy(classes, costmodel.nearest_predictor, tolerance)
+    md, _ = costmodel.loo_accuracy(classes, costmodel.model_predictor, tolerance)
+    sel = sum(r["times"].get(r["predicted"], math.inf) <= (1 + tolerance) * r["times"][r["oracle"]]
+              for r in rows) / len(rows)
+    return dict(selector=sel, nearest=nn, model=md, shapes=n)
+
+
+def oracle_gain(rows, fixed, tolerance=0.05):
+    """Oracle gain (exhaustive best per shape over the best single fixed configuration, geometric
+    mean of the speed-ups), the selection's gain over the same fixed configuration, the fraction
+    of the oracle gain it reaches, and the shapes where it is within ``tolerance`` of the best."""
+    g_or = math.exp(statistics.fmean(math.log(r["times"][fixed] / r["times"][r["oracle"]]) for r in rows))
+    g_sel = math.exp(statistics.fmean(math.log(r["times"][fixed] / r["times"][r["selected"]]) for r in rows))
+    within = sum(r["times"][r["selected"]] <= (1 + tolerance) * r["times"][r["oracle"]] for r in rows)
+    return dict(oracle_gain=g_or - 1, selected_gain=g_sel - 1,
+                fraction=(g_sel - 1) / (g_or - 1) if g_or > 1 else 1.0, within=within, shapes=len(rows))
 
 
 def summarise(rows, baseline="V1"):
@@ -184,8 +209,10 @@ def overhead(backend_name, calls, log):
     X = rng.standard_normal((200, 19)).astype(np.float32)
     g = GMM(4, 19, backend=backend_name)
     selection.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
-    for _ in range(3):
-        g.train(X, max_em_iters=3)  # explore, then warm
+    for _ in range(30):   # explore the variants, then search their tunables until converged
+        g.train(X, max_em_iters=3)
+        if g.last_train.reason == "history":
+            break
     # in isolation, on a copy of that history (the train-call measurement below keeps its own)
     selection.default_selector().flush()
     iso = History(f"sqlite:///{folder}/isolated.sqlite")
@@ -259,6 +286,51 @@ def overhead(backend_name, calls, log):
     return res
 
 
+def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
+    """First call of a problem on a fresh history against the same call once the history is warm.
+
+    Each repeat: a fresh private history; compile everything first (``asp_gmm.prepare``: the
+    compile cache is not what is measured); time the first ``GMM(M, D).train(X, iters, iters)``
+    (it explores), then call again until a call neither explores nor searches (at most
+    ``max_calls``) and time one more call ("warm"). The best of ``repeats`` of each is reported
+    (the machine is shared: the minimum is the least disturbed). Returns a dict.
+    """
+    import asp_gmm
+    from asp_gmm import GMM
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((M, D)) * 4
+    X = (centres[rng.integers(0, M, N)] + rng.standard_normal((N, D))).astype(np.float32)
+    firsts, warms, explored, calls_to_warm, chosen = [], [], [], [], []
+    for r in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="asp_gmm_first_") as folder:
+            os.environ["ASP_GMM_DB"] = f"sqlite:///{folder}/h.sqlite"
+            os.environ["ASP_GMM_AUTOTUNE"] = "1"
+            asp_gmm.prepare(D, M, backend=backend_name)
+
+            def call():
+                g = GMM(M, D, backend=backend_name, seed=1)
+                t0 = time.perf_counter()
+                g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
+                return time.perf_counter() - t0, g.last_train
+            t, res = call()
+            firsts.append(t)
+            explored.append(list(res.explored))
+            n = 1
+            while res.reason != "history" and n < max_calls:
+                _, res = call()
+                n += 1
+            calls_to_warm.append(n)
+            t, res = call()
+            warms.append(t)
+            chosen.append(res.variant)
+            log(f"  repeat {r}: first {firsts[-1]:.2f} s (explored {', '.join(explored[-1]) or '-'}), "
+                f"warm after {n} calls {t:.2f} s ({res.variant})")
+    out = dict(N=N, D=D, M=M, iters=iters, first=min(firsts), warm=min(warms), firsts=firsts, warms=warms,
+               explored=explored, calls_to_warm=calls_to_warm, chosen=chosen)
+    out["ratio"] = out["first"] / out["warm"]
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="c")
@@ -271,6 +343,15 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calls", type=int, default=2000, help="train calls in the overhead measurement")
     ap.add_argument("--overhead-only", action="store_true")
+    ap.add_argument("--defaults-only", action="store_true",
+                    help="measure each variant's default tunables only (the grid is then cheaper, but the "
+                         "oracle is over variants only)")
+    ap.add_argument("--first-call", action="store_true",
+                    help="only the first call on a fresh history against a warm one (CPU: N=1.5M, D=19, M=16; "
+                         "cuda: N=50M, D=36, M=128), 10 iterations")
+    ap.add_argument("--first-repeats", type=int, default=3)
+    ap.add_argument("--quick", action="store_true",
+                    help="GPU: first call at N=10M, 2 repeats, and 8 shapes with default tunables (about 4 minutes)")
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
 
@@ -279,6 +360,25 @@ def main(argv=None):
 
     backend = get_backend(args.backend)
     result = {"backend": args.backend, "device_id": backend.device_id, "fingerprint": backend.fingerprint()}
+    if args.first_call or args.quick:
+        gpu = args.backend == "cuda"
+        N = int(float(args.N)) if args.N and "," not in args.N else (
+            (10_000_000 if args.quick else 50_000_000) if gpu else 1_500_000)
+        D, M = (36, 128) if gpu else (19, 16)
+        log(f"first call against warm, {args.backend}, N={N}, D={D}, M={M}, 10 iterations")
+        fc = first_call(args.backend, N, D, M, 10, 2 if args.quick else args.first_repeats, log)
+        result["first_call"] = fc
+        log(f"\n| backend | N | D | M | first (s) | warm (s) | first/warm | target |\n|---|---|---|---|---|---|---|---|\n"
+            f"| {args.backend} | {N} | {D} | {M} | {fc['first']:.2f} | {fc['warm']:.2f} | {fc['ratio']:.2f} | <= 1.2 |")
+        if args.first_call:
+            out = Path(args.out or Path(__file__).parent / "out" / f"selection_first_{args.backend}.json")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=1, default=str))
+            return
+        args.grid = args.grid or "gpu"
+        # 8 shapes, default tunables only (V5 alone has 96 combinations, each an nvcc compile per shape)
+        args.N, args.D, args.M = "100000,500000", args.D or "24,36", args.M or "32,128"
+        args.defaults_only, args.calls = True, min(args.calls, 300)
     if not args.overhead_only:
         g = dict(GRIDS[args.grid or ("gpu" if args.backend == "cuda" else "cpu")])
         for k in ("N", "D", "M"):
@@ -288,7 +388,7 @@ def main(argv=None):
         log(f"{args.backend} {backend.fingerprint().get('model', '')}: {len(problems)} problems, "
             f"N {g['N']}, D {g['D']}, M {g['M']}, full, float32")
         t0 = time.time()
-        data = measure_grid(backend, problems, args.repeats, args.max_seconds, args.seed, log)
+        data = measure_grid(backend, problems, args.repeats, args.max_seconds, args.seed, log, not args.defaults_only)
         with tempfile.TemporaryDirectory(prefix="asp_gmm_bench_") as folder:
             rows = evaluate(backend, data, folder, log)
         summ = summarise(rows)
@@ -296,6 +396,13 @@ def main(argv=None):
         log(per_problem_table(rows))
         log("")
         log(report(rows, summ))
+        og, un = oracle_gain(rows, summ["best_fixed"]), unseen(rows)
+        summ.update(oracle=og, unseen=un)
+        log(f"\n| grid | shapes | best fixed | oracle gain | selected gain | fraction | within 5 % | "
+            f"LOO selector | LOO nearest | LOO model |\n|---|---|---|---|---|---|---|---|---|---|\n"
+            f"| {args.backend} | {og['shapes']} | {summ['best_fixed']} | {fmt_pct(og['oracle_gain'])} | "
+            f"{fmt_pct(og['selected_gain'])} | {100 * og['fraction']:.0f} % | {og['within']}/{og['shapes']} | "
+            f"{100 * un['selector']:.0f} % | {100 * un['nearest']:.0f} % | {100 * un['model']:.0f} % |")
         log(f"\nmeasured in {time.time() - t0:.0f} s")
         result.update(grid=g, rows=rows, summary=summ)
     result["overhead"] = overhead(args.backend, args.calls, log)

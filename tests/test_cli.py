@@ -48,10 +48,12 @@ def test_tune_records_every_timing_and_train_then_uses_them(db, tmp_path, capsys
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     X = np.random.default_rng(5).standard_normal((1500, 5)).astype(np.float32)
     g = GMM(3, 5, backend="c")
-    g.train(X, max_em_iters=3)
+    g.train(X, min_em_iters=10, max_em_iters=10)   # the tunable search explores in place first
     winner = min((r for r in History(db).rows() if (r.N, r.D, r.M) == (1500, 5, 3)), key=lambda r: r.seconds)
-    assert g.last_train.reason == "history" and g.last_train.explored == []
+    # the sweep measured default tunables only: train exploits its winner and searches its tunables
+    assert g.last_train.reason in ("history", "explore")
     assert g.last_variant.split("(")[0] == winner.variant.name
+    assert all("=" in label for label in g.last_train.explored)
 
 
 def test_tune_with_tunables_sweeps_the_combinations(db, capsys):
@@ -234,3 +236,14 @@ def test_runs_as_a_module(db):
     r = subprocess.run([sys.executable, "-m", "asp_gmm.cli", "history", "list"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "(0 rows)" in r.stdout
+
+
+def test_history_why_shows_the_plan_and_its_reasons(db, capsys, monkeypatch):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    assert cli.main(["history", "why", "--N", "1500000", "--D", "19", "--M", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "N=1500000 D=19 M=16 full float32: runs" in out and "(explore)" in out
+    assert "why: rule order (nothing measured nearby)" in out and "explores first" in out
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
+    assert cli.main(["history", "why", "--N", "1000", "--D", "2", "--M", "2"]) == 0
+    assert "(rule)" in capsys.readouterr().out

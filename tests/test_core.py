@@ -305,7 +305,8 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path):
 
 def test_compile_error_carries_command_output_and_source(monkeypatch, tmp_path):
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path))
-    backend = get_backend("c")
+    from asp_gmm.backends.c import CBackend
+    backend = CBackend()   # its own kernel memory: train() in earlier tests may have loaded this configuration
     v = registry.get("c", "V1")
     monkeypatch.setattr(registry, "render", lambda *a, **k: "int asp_covariance(void) { return syntax error; }\n")
     with pytest.raises(CompileError) as info:

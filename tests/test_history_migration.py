@@ -48,13 +48,14 @@ def test_a_schema1_file_is_migrated_and_keeps_its_rows(tmp_path):
         rows = h.rows()
     finally:
         h.close()
-    assert SCHEMA_VERSION == 2 and before == len(rows) == 6
+    assert SCHEMA_VERSION == 3 and before == len(rows) == 6
     cpus = [(d, fp, n) for d, fp, n in devices if fp["backend"] == "c"]
     assert len(cpus) == 1 and cpus[0][1]["threads"] == 2 and cpus[0][2] == 4   # one CPU, one device
     cpu_rows = sorted((r.M, r.threads, r.seconds) for r in rows if r.device_id == cpus[0][0])
     assert cpu_rows == [(4, 1, 0.04), (4, 2, 0.08), (16, 1, 0.16), (16, 2, 0.32)]
+    assert all(r.sampled_from is None for r in rows)   # schema 3: older timings ran on the whole data
     with sqlite3.connect(db) as c:
-        assert c.execute("select version from asp_gmm_schema").fetchone()[0] == 2
+        assert c.execute("select version from asp_gmm_schema").fetchone()[0] == 3
         gpu = c.execute("select isa, cores, driver from devices where backend = 'cuda'").fetchall()
         assert gpu == [("sm_90", 132, "12080")]
         assert c.execute("select count(*) from devices where backend = 'c'").fetchone()[0] == 1

@@ -197,14 +197,16 @@ def test_failed_variants_are_not_retried(replay, monkeypatch):
         names = [plan.primary.variant.name] + [c.variant.name for c in plan.explore]
         assert "V4" not in names
     plan = sel.plan(be, Problem(5000, 16, 32), configs(Problem(5000, 16, 32)))
-    assert (plan.primary.variant.name, plan.reason) == ("V3", "history")
+    # every variant measured: the tunable search of the fastest (V3, chunk=4 measured) proposes chunk=8
+    assert (plan.primary.variant.name, plan.reason) == ("V3", "explore")
+    assert [c.label for c in plan.explore] == ["V3(chunk=8)"] and "coordinate search" in plan.why
     # V2 failed to compile for diag float32: never planned for diag float32, still for full
     p = Problem(3000, 5, 3, cvtype="diag")
     plan = sel.plan(be, p, configs(p))
     assert "V2" not in [plan.primary.variant.name] + [c.variant.name for c in plan.explore]
     p = Problem(3000, 5, 3, cvtype="full")
-    plan = sel.plan(be, p, configs(p))
-    assert "V2" in [plan.primary.variant.name] + [c.variant.name for c in plan.explore]
+    plan = sel.plan(be, p, configs(p))   # (where the prediction puts it far slower, it is pruned)
+    assert "V2" in [plan.primary.variant.name] + [c.variant.name for c in plan.explore + plan.pruned]
 
 
 def test_timings_of_an_older_source_are_not_used(replay, monkeypatch):
@@ -220,7 +222,8 @@ def test_timings_of_an_older_source_are_not_used(replay, monkeypatch):
     old = [fake_variant("V1"), fake_variant("V2"), fake_variant("V3", {"chunk": [4, 8]}, sha="sha-V3-old"),
            fake_variant("V4"), VARIANTS[4]]
     plan = sel.plan(be, p, [Config.of(v) for v in old])
-    assert (plan.primary.variant.name, plan.reason) == ("V3", "history")
+    assert (plan.primary.variant.name, plan.reason) == ("V3", "explore")
+    assert [c.label for c in plan.explore] == ["V3(chunk=8)"]   # the tunable search goes on
 
 
 def test_changing_a_template_changes_the_key(tmp_path, monkeypatch):
@@ -283,15 +286,18 @@ def test_train_explores_then_exploits_and_the_result_is_unchanged(tmp_path, monk
     assert first.explored == ["V3(chunk=4)", "V2", "V1", "V5"]  # rule order after the primary V4
     assert first.iters == 10 and first.variant == "V4"
     assert [n for n, k in be.ran] == ["V3", "V2", "V1", "V5", "V4"] and be.ran[-1][1] == 6
-    second = _train(sp, X, 3)
-    assert (second.reason, second.variant, second.explored) == ("history", "V3(chunk=4)", [])
+    second = _train(sp, X, 3)   # every variant measured: the coordinate search tries V3's other chunk
+    assert (second.reason, second.explored) == ("explore", ["V3(chunk=8)"])
+    third = _train(sp, X, 3)
+    assert (third.reason, third.variant, third.explored) == ("history", "V3(chunk=4)", [])
     # same function whatever ran: the same parameters as the reference run with one variant only
     ref = _train(Specializer(FakeBackend(costs=COSTS), selection.RuleSelector()), X, 3)
     np.testing.assert_allclose(first.means, ref.means, rtol=1e-12)
     np.testing.assert_allclose(first.covars, ref.covars, rtol=1e-12)
     h.flush()
     rows = h.rows()
-    assert sorted(r.variant.name for r in rows) == sorted(["V1", "V2", "V3", "V3", "V4", "V5"])
+    assert {r.variant.name for r in rows} == {"V1", "V2", "V3", "V4", "V5"}
+    assert {r.variant.tunables for r in rows if r.variant.name == "V3"} == {'{"chunk":4}', '{"chunk":8}'}
     assert all(r.status == "ok" and r.device_id == be.device_id for r in rows)
     v4 = [r for r in rows if r.variant.name == "V4"][0]
     assert v4.repeats == 6 and v4.seconds == pytest.approx(COSTS["V4"] * 3000)
@@ -361,16 +367,25 @@ def test_c_backend_explores_inside_train_and_matches_a_pinned_run(tmp_path, monk
         later = GMM(4, 5, backend="c", dtype=np.float64, seed=1)
         later.train(X, min_em_iters=8, max_em_iters=8, tol=0.0)
         explored += later.last_train.explored
-        if later.last_train.reason == "history":
-            break
-    assert sorted(explored) == sorted(set(explored)) and len(full) - 1 <= len(explored) <= len(full)
+        names = {label.split("(")[0] for label in explored}
+        if later.last_train.reason == "history" or len(names) >= len(full) - 1:
+            break   # every variant measured (the tunable search of the fastest may follow)
+    names = {label.split("(")[0] for label in explored}
+    assert sorted(explored) == sorted(set(explored)) and len(full) - 1 <= len(names) <= len(full)
     pinned = GMM(4, 5, backend="c", dtype=np.float64, seed=1, variant=res.variant.split("(")[0])
     ll_pinned = pinned.train(X, min_em_iters=8, max_em_iters=8, tol=0.0)
     assert ll == pytest.approx(ll_pinned, rel=1e-10)
     np.testing.assert_allclose(g.covars, pinned.covars, rtol=1e-8, atol=1e-10)
-    g2 = GMM(4, 5, backend="c", dtype=np.float64, seed=1)
-    g2.train(X, min_em_iters=8, max_em_iters=8, tol=0.0)
-    assert g2.last_train.reason == "history" and g2.last_train.explored == []
+    # then the tunables of the fastest variants are searched, a few per call, until the search converges
+    reasons = []
+    for _ in range(12):
+        assert get_backend("c").wait_background(timeout=120)   # the proposals compile between calls
+        g2 = GMM(4, 5, backend="c", dtype=np.float64, seed=1)
+        g2.train(X, min_em_iters=8, max_em_iters=8, tol=0.0)
+        reasons.append(g2.last_train.reason)
+        if reasons[-1] == "history":
+            break
+    assert reasons[-1] == "history" and g2.last_train.explored == [] and len(reasons) <= 8, reasons
 
 
 def test_a_call_never_waits_for_the_planned_variant_to_compile(tmp_path, monkeypatch, rng):

@@ -101,7 +101,7 @@ CHILD_WRITER = """
 import sys, time
 from asp_gmm.tuning_db import History, VariantKey
 url, tag, n, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-h = History(url, batch_rows=batch, flush_interval=0 if batch == 1 else 3600)
+h = History(url, batch_rows=batch, flush_interval=0 if batch == 1 else 3600, keep_per_class=0)
 k = VariantKey.of("c", "V" + tag, {}, "f" * 64)
 for i in range(n):
     h.record("dev", {"backend": "c"}, k, 1000 + i, 3, 2, "full", "float32", "ok", 1e-3 + i * 1e-6)

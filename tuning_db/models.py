@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 #: Bump when a table changes; files of another version are refused with a message (no silent reuse).
 #: 2: ``timings.threads`` (the CPU threads a call used); devices' columns from typed fingerprints, one
 #: CPU one device (:func:`asp_gmm.tuning_db.store.migrate` upgrades a version-1 file in place).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 STATUSES = ("ok", "compile-failed", "launch-failed", "invalid")
 #: Covariance types and working precisions a timing may be of (asp_gmm.problem has the same lists;
@@ -97,3 +97,6 @@ class Timing(Base):
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     package_version: Mapped[str] = mapped_column(String(32), default="")
     threads: Mapped[int | None] = mapped_column(Integer, nullable=True)       # CPU threads the run used
+    # schema 3: a timing measured on a sample of the events of a call of N = sampled_from events
+    # (the row's N is the sample's); it stands for that call's problem class, marked apart
+    sampled_from: Mapped[int | None] = mapped_column(Integer, nullable=True)

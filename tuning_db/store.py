@@ -56,6 +56,8 @@ from .models import (CVTYPES, DTYPES, INT_MAX, SCHEMA_VERSION, STATUSES, Base, D
 log = logging.getLogger("asp_gmm.tuning_db")
 
 EXPORT_FORMAT = "asp_gmm-history"
+#: Ok timings kept per (device, configuration, problem class, sampled or not); see :class:`History`.
+KEEP_PER_CLASS = 16
 
 
 def canonical_json(obj) -> str:
@@ -114,6 +116,7 @@ class Row:
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
     id: int | None = None         # database id, once stored
     threads: int | None = None    # CPU threads the run used (None: not a CPU run, or not recorded)
+    sampled_from: int | None = None  # N of the call whose events were sampled (None: the whole data)
 
 
 class DeviceView:
@@ -189,6 +192,11 @@ class History:
         SQLAlchemy URL (``sqlite:///path``, ``postgresql+psycopg://user@host/db``...) or a file path.
     package_version : str
         Stored with every row.
+    keep_per_class : int
+        Ok timings kept per (device, configuration, cvtype, dtype, D, M, problem class, sampled or
+        not): a new one replaces the oldest beyond that (:data:`KEEP_PER_CLASS`; 0 keeps all), so
+        a program that trains on thousands of sizes does not grow the file (and the read at start)
+        without bound. ``asp-gmm tune`` and imports keep everything they write.
     batch_rows, flush_interval : int, float
         Write policy (see the module documentation).
     refresh_interval : float
@@ -202,8 +210,9 @@ class History:
     """
 
     def __init__(self, url: str | None = None, package_version: str = "", batch_rows: int = 256,
-                 flush_interval: float = 1.0, refresh_interval: float = 5.0):
+                 flush_interval: float = 1.0, refresh_interval: float = 5.0, keep_per_class: int = KEEP_PER_CLASS):
         self.url = url or default_url()
+        self.keep_per_class = keep_per_class
         if "://" not in self.url:
             self.url = "sqlite:///" + str(Path(self.url).expanduser().absolute())
         self.package_version = package_version
@@ -336,7 +345,10 @@ class History:
                 version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
                 if version == 1:
                     migrate_1_to_2(conn)
-                    version = SCHEMA_VERSION
+                    version = 2
+                if version == 2:
+                    migrate_2_to_3(conn)
+                    version = 3
                 return version
         try:
             try:
@@ -383,10 +395,12 @@ class History:
     # ------------------------------------------------------------------ writing
     def record(self, device_id: str, fingerprint: dict, variant: VariantKey, N: int, D: int, M: int,
                cvtype: str, dtype: str, status: str, seconds: float | None = None,
-               cov_seconds: float | None = None, repeats: int = 1, threads: int | None = None) -> Row:
+               cov_seconds: float | None = None, repeats: int = 1, threads: int | None = None,
+               sampled_from: int | None = None) -> Row:
         """Queue one timing (``status="ok"``) or failure; it is visible to :meth:`view` at once.
 
-        ``threads``: the CPU threads the run used (a property of the run, not of the device)."""
+        ``threads``: the CPU threads the run used (a property of the run, not of the device).
+        ``sampled_from``: the timing ran on a sample (``N`` events) of a call of this many events."""
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if status == "ok" and (seconds is None or not seconds > 0):
@@ -394,7 +408,8 @@ class History:
         row = Row(device_id, variant, int(N), int(D), int(M), cvtype, dtype, status,
                   None if seconds is None else float(seconds),
                   None if cov_seconds is None else float(cov_seconds), int(repeats),
-                  package_version=self.package_version, threads=None if threads is None else int(threads))
+                  package_version=self.package_version, threads=None if threads is None else int(threads),
+                  sampled_from=None if sampled_from is None else int(sampled_from))
         with self._lock:
             if device_id not in self._fingerprints:
                 self._fingerprints[device_id] = dict(fingerprint)
@@ -422,13 +437,15 @@ class History:
             if not rows:
                 self._last_flush = time.monotonic()
                 return 0
-            self._run(lambda: self._insert(rows, skip_existing=False), "write to")
+            self._run(lambda: self._insert(rows, skip_existing=False, bound=True), "write to")
             del self._pending[:len(rows)]
             self._last_flush = time.monotonic()
             return len(rows)
 
-    def _insert(self, rows, skip_existing: bool, devices: dict | None = None) -> int:
+    def _insert(self, rows, skip_existing: bool, devices: dict | None = None, bound: bool = False) -> int:
         with self._write() as conn:
+            if bound:
+                self._bound(conn, rows)
             fps = dict(self._fingerprints)
             fps.update(devices or {})
             for dev in {r.device_id for r in rows}:
@@ -439,9 +456,10 @@ class History:
                 for i in range(0, len(uids), 500):
                     existing.update(conn.execute(select(Timing.uid).where(Timing.uid.in_(uids[i:i + 500]))).scalars())
             cols = ("uid", "device_id", "variant_id", "N", "D", "M", "cvtype", "dtype", "seconds", "cov_seconds",
-                    "repeats", "status", "created_at", "package_version", "threads")
+                    "repeats", "status", "created_at", "package_version", "threads", "sampled_from")
             values = [(r.uid, r.device_id, self._variant_id(conn, r.variant), r.N, r.D, r.M, r.cvtype, r.dtype,
-                       r.seconds, r.cov_seconds, r.repeats, r.status, r.created_at, r.package_version, r.threads)
+                       r.seconds, r.cov_seconds, r.repeats, r.status, r.created_at, r.package_version, r.threads,
+                       r.sampled_from)
                       for r in rows if r.uid not in existing]
             if values and self.is_sqlite:
                 # the driver's executemany: SQLAlchemy's per-row bind processing costs ~15 us a row,
@@ -454,6 +472,41 @@ class History:
             elif values:
                 conn.execute(Timing.__table__.insert(), [dict(zip(cols, v)) for v in values])
         return len(values)
+
+    def _bound(self, conn, rows) -> None:
+        """Keep the history's growth bounded: before ``rows`` are inserted, delete the oldest ok
+        timings of each (device, configuration, cvtype, dtype, D, M, problem class, sampled or
+        not) that ``rows`` add to, so that at most :attr:`keep_per_class` remain with the new ones.
+        The problem class is N in half-octaves (``round(2 log2 N)``, of ``sampled_from`` for a
+        sampled timing), as selection groups timings; failures are always kept (a few per key)."""
+        keep = self.keep_per_class
+        if not keep:
+            return
+        T = Timing.__table__.c
+        touched: dict = {}
+        for r in rows:
+            if r.status == "ok":
+                k = (r.device_id, r.variant, r.cvtype, r.dtype, r.D, r.M)
+                cls = (round(2 * math.log2(max(r.sampled_from or r.N, 1))), r.sampled_from is not None)
+                touched.setdefault(k, {}).setdefault(cls, 0)
+                touched[k][cls] += 1
+        for (dev, vk, cv, dt, D, M), classes in touched.items():
+            vid = self._variant_id(conn, vk)
+            q = (select(T.id, T.N, T.sampled_from)
+                 .where(T.device_id == dev, T.cvtype == cv, T.dtype == dt, T.D == D, T.M == M,
+                        T.variant_id == vid, T.status == "ok").order_by(T.id.desc()))
+            seen: dict = {}
+            drop = []
+            for id_, N, sf in conn.execute(q):
+                sf = sf if isinstance(sf, int) and sf > 0 else None
+                cls = (round(2 * math.log2(max(sf or N or 1, 1))), sf is not None)
+                if cls not in classes:
+                    continue
+                seen[cls] = seen.get(cls, 0) + 1
+                if seen[cls] + classes[cls] > keep:
+                    drop.append(id_)
+            for i in range(0, len(drop), 500):
+                conn.execute(delete(Timing).where(T.id.in_(drop[i:i + 500])))
 
     def _ensure_device(self, conn, device_id: str, fp: dict):
         if device_id in self._known_devices:
@@ -497,7 +550,7 @@ class History:
         at = type_coerce(T.created_at, String) if self.is_sqlite else T.created_at
         q = (select(T.id, T.uid, T.device_id, V.backend, V.name, V.tunables, V.source_sha256, T.N, T.D, T.M,
                     T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, at, T.package_version,
-                    T.threads)
+                    T.threads, T.sampled_from)
              .join_from(Timing.__table__, Variant.__table__, T.variant_id == V.id)
              .where(T.id > since_id))
         if device_id is not None:
@@ -509,7 +562,7 @@ class History:
             q = q.limit(limit)
         keys: dict = {}
         out, bad = [], []
-        for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr) in conn.execute(q):
+        for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf) in conn.execute(q):
             k = (vb, vn, vt, vs)
             vk = keys.get(k)
             try:
@@ -524,7 +577,8 @@ class History:
                 bad.append((id_, f"{b.field} {b.why}"))
                 continue
             out.append(Row(dev, vk, N, D, M, cv, dt, st, sec, csec, rep, when, pv or "", uid, id_,
-                           thr if isinstance(thr, int) and not isinstance(thr, bool) else None))
+                           thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
+                           sf if isinstance(sf, int) and not isinstance(sf, bool) and sf > 0 else None))
         return out, bad
 
     def _warn_damaged(self, bad) -> None:
@@ -657,6 +711,8 @@ class History:
             raise HistoryError(f"{path} is not an asp_gmm history export (written by `asp-gmm history export`)")
         if doc.get("schema_version") == 1 and isinstance(doc.get("devices"), list):
             doc = _export_from_1(doc)
+        if doc.get("schema_version") == 2:
+            doc = {**doc, "schema_version": 3}   # schema 3 only adds timings' optional sampled_from
         if doc.get("schema_version") != SCHEMA_VERSION:
             raise SchemaMismatchError(
                 f"{path} has schema version {doc.get('schema_version')}, this asp_gmm uses {SCHEMA_VERSION}; "
@@ -879,12 +935,17 @@ def _parse_export(doc: dict, path) -> tuple:
             if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
                                         or not 0 < threads <= INT_MAX):
                 raise _Bad("threads", f"must be a positive integer or null, got {_show(threads)}")
+            sampled_from = t.get("sampled_from")
+            if sampled_from is not None and (not isinstance(sampled_from, int) or isinstance(sampled_from, bool)
+                                             or not 0 < sampled_from <= INT_MAX):
+                raise _Bad("sampled_from", f"must be a positive integer or null, got {_show(sampled_from)}")
         except _Bad as b:
             raise fail(f"timings[{i}]", b) from None
         rows.append(Row(device_id=dev, variant=VariantKey(backend, name, tunables, sha), N=N, D=D, M=M,
                         cvtype=cvtype, dtype=dtype, status=status, seconds=_seconds(seconds, "seconds"),
                         cov_seconds=_seconds(cov_seconds, "cov_seconds", ok_zero=True), repeats=repeats,
-                        created_at=created_at, package_version=pv, uid=uid, threads=threads))
+                        created_at=created_at, package_version=pv, uid=uid, threads=threads,
+                        sampled_from=sampled_from))
     return devices, rows
 
 
@@ -955,6 +1016,14 @@ def migrate_1_to_2(conn) -> None:
             conn.execute(Dv.update().where(Dv.c.id == did).values(**device_of(fp).columns(),
                                                                     fingerprint=canonical_json(fp)))
     conn.execute(SchemaInfo.__table__.update().where(SchemaInfo.__table__.c.id == 1).values(version=2))
+
+
+def migrate_2_to_3(conn) -> None:
+    """Upgrade a schema-2 history in place: add ``timings.sampled_from`` (every older timing ran on
+    the whole data, so it stays NULL)."""
+    T = Timing.__table__
+    conn.exec_driver_sql(f"ALTER TABLE {T.name} ADD COLUMN sampled_from INTEGER")
+    conn.execute(SchemaInfo.__table__.update().where(SchemaInfo.__table__.c.id == 1).values(version=3))
 
 
 def _export_from_1(doc: dict) -> dict:

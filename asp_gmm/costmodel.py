@@ -1,0 +1,132 @@
+"""A cost model of each configuration's time per event over problem sizes, fitted to the history.
+
+For one device, cvtype and dtype, every configuration (variant, tunables, source) measured in at
+least :data:`MIN_POINTS` problem classes gets a ridge regression of ``ln(seconds per event)`` on
+quadratic features of the log-sizes ``(ln N, ln D, ln M)`` (:func:`features`). The prediction for
+an unseen shape is the configuration with the lowest predicted time. Pure NumPy on the
+aggregates the selector already holds; it imports nothing of the backends.
+
+:func:`loo_accuracy` judges a predictor by leave-one-out over the measured classes (each class
+removed in turn, the rest predicting its best configuration): the fraction of classes where the
+predicted configuration is within ``tolerance`` of the class's measured best. The selector
+(:mod:`asp_gmm.selection`) uses the cost model for unseen shapes only where it scores at least
+as well as the nearest-neighbour rule on the same history.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: Classes a configuration must be measured in before it gets a fitted model.
+MIN_POINTS = 4
+#: Ridge penalty on the non-constant coefficients (log-sizes are O(1..15)).
+RIDGE = 1e-2
+
+
+def features(lnN: float, lnD: float, lnM: float) -> np.ndarray:
+    """(10,) features: constant, the three log-sizes, their squares and pairwise products."""
+    return np.array([1.0, lnN, lnD, lnM, lnN * lnN, lnD * lnD, lnM * lnM, lnN * lnD, lnN * lnM, lnD * lnM])
+
+
+class CostModel:
+    """Fitted per-configuration models of one (device, cvtype, dtype).
+
+    Parameters
+    ----------
+    points : dict
+        {config key: [(lnN, lnD, lnM, ln seconds per event), ...]}.
+    """
+
+    def __init__(self, points: dict):
+        self.coef: dict = {}
+        for k, pts in points.items():
+            if len(pts) < MIN_POINTS:
+                continue
+            A = np.array([features(*p[:3]) for p in pts])
+            y = np.array([p[3] for p in pts])
+            # centre the features so the ridge does not pull the level towards zero
+            mu = A[:, 1:].mean(axis=0)
+            sd = A[:, 1:].std(axis=0)
+            sd[sd < 1e-9] = 1.0
+            Z = (A[:, 1:] - mu) / sd
+            ym = y.mean()
+            coef = np.linalg.solve(Z.T @ Z + RIDGE * len(y) * np.eye(Z.shape[1]), Z.T @ (y - ym))
+            self.coef[k] = (mu, sd, ym, coef)
+
+    def predict(self, key, lnN: float, lnD: float, lnM: float) -> float | None:
+        """Predicted ln(seconds per event) of configuration ``key``, or None (not modelled)."""
+        got = self.coef.get(key)
+        if got is None:
+            return None
+        mu, sd, ym, coef = got
+        z = (features(lnN, lnD, lnM)[1:] - mu) / sd
+        return float(ym + z @ coef)
+
+    def rank(self, keys, lnN: float, lnD: float, lnM: float) -> list:
+        """[(predicted ln seconds per event, key)] of the modelled ``keys``, fastest first."""
+        out = [(self.predict(k, lnN, lnD, lnM), k) for k in keys]
+        return sorted((p, k) for p, k in out if p is not None)
+
+
+def loo_accuracy(classes: dict, predict, tolerance: float = 0.05) -> tuple:
+    """Leave-one-out accuracy of ``predict`` over measured classes.
+
+    Parameters
+    ----------
+    classes : dict
+        {(lnN, lnD, lnM): {config key: seconds per event}}, classes with at least two configurations.
+    predict : callable
+        ``predict(others, coords, keys) -> key``: the configuration predicted for ``coords`` from
+        ``others`` (the dict without that class), among ``keys``.
+    tolerance : float
+        Relative slack: a prediction counts when its time is within ``1 + tolerance`` of the best.
+
+    Returns
+    -------
+    (fraction within tolerance, number of classes judged)
+    """
+    good = total = 0
+    for coords, times in classes.items():
+        if len(times) < 2:
+            continue
+        others = {c: t for c, t in classes.items() if c != coords}
+        choice = predict(others, coords, list(times))
+        total += 1
+        if choice is not None and times.get(choice, math.inf) <= (1 + tolerance) * min(times.values()):
+            good += 1
+    return (good / total if total else 0.0), total
+
+
+def model_predictor(others: dict, coords, keys):
+    """A :func:`loo_accuracy` predictor: fit :class:`CostModel` on ``others``, pick the fastest."""
+    points: dict = {}
+    for c, times in others.items():
+        for k, t in times.items():
+            points.setdefault(k, []).append((*c, math.log(t)))
+    ranked = CostModel(points).rank(keys, *coords)
+    return ranked[0][1] if ranked else None
+
+
+def nearest_predictor(others: dict, coords, keys, neighbours: int = 4, n_weight: float = 0.5):
+    """A :func:`loo_accuracy` predictor: the nearest-neighbour rule of :mod:`asp_gmm.selection`
+    (relative scores ``ln(t / t_fastest)`` of the nearest classes, weighted ``1 / (d + 0.25)``)."""
+    here = np.array(coords, float)
+    w_axes = np.array([n_weight, 1.0, 1.0])
+    dist = sorted((float(np.sqrt((((np.array(c) - here) * w_axes) ** 2).sum())), c) for c in others)
+    score, weight, used = {}, {}, 0
+    for d, c in dist:
+        times = {k: t for k, t in others[c].items() if k in keys}
+        if len(times) < 2:
+            continue
+        fastest = min(times.values())
+        w = 1.0 / (d + 0.25)
+        for k, t in times.items():
+            score[k] = score.get(k, 0.0) + w * math.log(t / fastest)
+            weight[k] = weight.get(k, 0.0) + w
+        used += 1
+        if used >= neighbours:
+            break
+    if not score:
+        return None
+    return min(score, key=lambda k: (score[k] / weight[k], str(k)))

@@ -1,0 +1,201 @@
+"""Each rule of the selection that pays for itself, replayed from committed histories.
+
+* sample-based exploration and its budget (a fake backend with fixed per-event costs);
+* pruning of candidates predicted far slower (tests/data/replay_rules.json, V1 always 3x);
+* tunable search (coordinate descent, cheaper than exhaustive);
+* the cost model for unseen shapes, chosen over nearest neighbour by leave-one-out;
+* a property: a pinned variant or ``ASP_GMM_AUTOTUNE=0`` never explores.
+"""
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from asp_gmm import costmodel, search, selection
+from asp_gmm.problem import Problem
+from asp_gmm.selection import Config, HistorySelector, Policy
+from asp_gmm.specializer import Specializer
+from asp_gmm.tuning_db import History
+from conftest import make_blobs
+from test_selection import FakeBackend, _train, fake_variant
+
+RULES = Path(__file__).parent / "data" / "replay_rules.json"
+RULE_VARIANTS = [fake_variant("V1"), fake_variant("V2"), fake_variant("V3", {"chunk": [4, 8]}), fake_variant("V4")]
+
+
+@pytest.fixture
+def rules(tmp_path):
+    h = History(f"sqlite:///{tmp_path / 'rules.sqlite'}")
+    h.import_(RULES)
+    yield HistorySelector(h), FakeBackend(RULE_VARIANTS), h
+    h.close()
+
+
+def cands(p):
+    return [Config.of(v) for v in RULE_VARIANTS]
+
+
+# ------------------------------------------------------------------ sampled exploration, budget
+def test_large_n_explores_on_a_sample_records_it_as_sampled_and_keeps_the_result(tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    costs = {"V1": 5e-7, "V2": 3e-7, "V3": 1e-7, "V4": 2e-7, "V5": 4e-7}
+    be = FakeBackend(costs=costs)
+    sp = Specializer(be, HistorySelector(h))
+    N = 140000
+    assert sp.policy.sample_size(Problem(N, 3, 2), 4, 10) == selection.SAMPLE_MIN < N // 4
+    X = make_blobs(rng, N, 3, 2)
+    first = _train(sp, X, 2, iters=4)
+    # the primary and then the others ran one iteration each on the sample, within the budget
+    sample_runs = [n for n, k in be.ran[:-1]]
+    assert first.explored and first.explored[0] == "V4" and len(first.explored) == len(sample_runs)
+    assert be.ran[-1] == (first.variant.split("(")[0], 4)        # every EM iteration of the call
+    h.flush()
+    sampled = [r for r in h.rows() if r.sampled_from is not None]
+    assert sampled and all(r.sampled_from == N and r.N == selection.SAMPLE_MIN for r in sampled)
+    assert [r for r in h.rows() if r.sampled_from is None][0].N == N
+    # the call's result is that of the configuration it ran, pinned
+    be2 = FakeBackend(costs=costs)
+    be2.preference = [first.variant.split("(")[0]]
+    ref = _train(Specializer(be2, selection.RuleSelector()), X, 2, iters=4)
+    np.testing.assert_allclose(first.means, ref.means, rtol=1e-12)
+    # and the best sampled variant (V3) runs the bulk once it is measured
+    assert first.variant.startswith("V3") or "V3" not in first.explored
+    h.close()
+
+
+def test_exploration_stops_at_the_budget_and_resumes_next_call(tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    costs = {"V4": 1e-6, "V3": 1e-5, "V2": 1e-5, "V1": 1e-5, "V5": 1e-5}   # others 10x slower
+    be = FakeBackend(costs=costs)
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    first = _train(sp, X, 2, iters=10)
+    # V4 (primary) costs 3% of the call; V3 then takes 33% > 10%: nothing after it
+    assert first.explored == ["V4", "V3(chunk=4)"]
+    second = _train(sp, X, 2, iters=10)
+    assert second.explored and "V4" not in second.explored and "V3(chunk=4)" not in second.explored
+    assert second.variant == "V4"
+    h.close()
+
+
+def test_small_n_explores_in_place(tmp_path, monkeypatch, rng):
+    p = Problem(5000, 3, 2)
+    assert Policy().sample_size(p, 4, 10) == 5000
+
+
+# ------------------------------------------------------------------ pruning
+def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    sel, be, _ = rules
+    p = Problem(100000, 8, 16)          # held out of the fixture
+    plan = sel.plan(be, p, cands(p))
+    assert plan.reason == "explore"
+    assert [c.variant.name for c in plan.pruned] == ["V1"]
+    assert "V1" not in [c.variant.name for c in plan.explore] + [plan.primary.variant.name]
+    assert "pruned V1" in plan.why
+
+
+# ------------------------------------------------------------------ tunable search
+def test_coordinate_search_converges_in_fewer_measurements_than_exhaustive():
+    space = {"a": [1, 2, 3], "b": [10, 20, 30], "c": [0, 1]}
+    cost = lambda t: (t["a"] - 3) ** 2 + (t["b"] - 20) ** 2 / 100 + t["c"] + 1  # noqa: E731
+    for name in ("coordinate", "exhaustive"):
+        strat, measured, start = search.get(name), {}, {"a": 1, "b": 10, "c": 0}
+        while True:
+            nxt = strat.propose(space, start, measured, 4)
+            if not nxt:
+                break
+            for t in nxt:
+                measured[search.key(t)] = cost(t)
+        best = min(measured, key=measured.get)
+        assert dict(best) == {"a": 3, "b": 20, "c": 0}
+        if name == "coordinate":
+            assert len(measured) < search.space_size(space) == 18
+        else:
+            assert len(measured) == 18
+
+
+def test_unknown_strategy_names_the_known_ones():
+    with pytest.raises(ValueError, match="coordinate.*exhaustive"):
+        search.get("annealing")
+
+
+def test_tunable_search_inside_the_plan_once_variants_are_measured(rules, monkeypatch):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    sel, be, _ = rules
+    p = Problem(10000, 8, 4)            # V3 (chunk=4) fastest, every variant measured
+    plan = sel.plan(be, p, cands(p))
+    assert plan.reason == "explore" and [c.label for c in plan.explore] == ["V3(chunk=8)"]
+    assert plan.primary.label == "V3(chunk=4)" and "coordinate search" in plan.why
+
+
+# ------------------------------------------------------------------ cost model
+def test_cost_model_beats_or_matches_nearest_neighbour_by_leave_one_out(rules):
+    sel, be, _ = rules
+    idx = sel.index(be)
+    name, model, loo_nn, loo_model = idx.predictor("full", "float32")
+    assert loo_model >= 0.9 and loo_model >= loo_nn
+    assert name == "model" and model is not None
+
+
+@pytest.mark.parametrize("N,D,M,best", [(100000, 8, 16, "V4"), (10000, 32, 4, "V3"), (30000, 6, 48, "V4")])
+def test_unseen_shapes_are_predicted_by_the_cost_model(rules, monkeypatch, N, D, M, best):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
+    sel, be, _ = rules
+    p = Problem(N, D, M)
+    plan = sel.plan(be, p, cands(p))
+    assert (plan.reason, plan.primary.variant.name) == ("predicted", best)
+    assert "cost model" in plan.why
+
+
+def test_loo_accuracy_counts_within_tolerance():
+    classes = {(0.0, 0.0, 0.0): {"a": 1.0, "b": 2.0}, (1.0, 0.0, 0.0): {"a": 1.0, "b": 1.04}}
+    assert costmodel.loo_accuracy(classes, lambda o, c, k: "b") == (0.5, 2)
+
+
+# ------------------------------------------------------------------ property: never explores
+@pytest.mark.parametrize("seed", range(12))
+def test_pinned_or_autotune_off_never_explores(rules, monkeypatch, seed):
+    sel, be, _ = rules
+    r = np.random.default_rng(seed)
+    p = Problem(int(10 ** r.uniform(3, 7)), int(r.integers(1, 40)), int(r.integers(1, 130)),
+                str(r.choice(["full", "diag"])))
+    pol = Policy(sel)
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    c = cands(p)
+    pin = c[int(r.integers(0, len(c)))]
+    plan = pol.choose(be, p, [pin], pinned=True)
+    assert plan.explore == [] and plan.primary == pin
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
+    plan = pol.choose(be, p, c, tuning=selection.autotune_enabled())
+    assert plan.explore == [] and plan.reason in ("history", "predicted", "rule")
+
+
+def test_autotune_off_train_runs_one_configuration_at_large_n(tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = FakeBackend()
+    res = _train(Specializer(be, HistorySelector(h)), make_blobs(rng, 140000, 3, 2), 2, iters=3)
+    assert res.explored == [] and len(be.ran) == 1 and h.count() == 0
+    h.close()
+
+
+# ------------------------------------------------------------------ bounded history
+def test_the_history_keeps_a_bounded_number_of_timings_per_class(tmp_path):
+    from asp_gmm.tuning_db import VariantKey
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}", keep_per_class=4, flush_interval=0)
+    k = VariantKey.of("c", "V1", {}, "f" * 64)
+    for i in range(30):   # thousands of slightly different N in one class: the diarization pattern
+        h.record("dev", {"backend": "c", "model": "x"}, k, 10000 + i, 4, 2, "full", "float32", "ok", 1e-3)
+    h.record("dev", {"backend": "c", "model": "x"}, k, 10000, 4, 2, "full", "float32", "ok", 1e-3,
+             sampled_from=10 ** 6)
+    h.flush()
+    rows = h.rows()
+    assert len([r for r in rows if r.sampled_from is None]) == 4
+    assert max(r.N for r in rows if r.sampled_from is None) == 10029          # the newest kept
+    assert len([r for r in rows if r.sampled_from]) == 1
+    h.close()
+    assert math.isfinite(1.0)
