@@ -14,6 +14,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from . import cuda_arrays, frozen, streaming
 from .errors import StreamError
+from .blas import one_blas_thread
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import Problem
 from .specializer import Specializer
@@ -404,12 +405,7 @@ def _small_blas(work: float):
     if work >= SMALL_BLAS_WORK:
         yield
         return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        yield
-        return
-    with threadpool_limits(1, user_api="blas"):
+    with one_blas_thread():
         yield
 
 

@@ -19,12 +19,12 @@ import weakref
 from functools import lru_cache
 
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import cffi
 import numpy as np
 
 from .. import cache, registry
+from ..blas import one_blas_thread
 from ..config import settings
 from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import Problem
@@ -355,7 +355,7 @@ class CSession(Session):
                 else:
                     acc[c] = r @ (diff * diff)
 
-            with _single_threaded_blas():
+            with one_blas_thread():
                 workers = min(threads_for(self.problem), M)
                 if workers > 1:
                     with ThreadPoolExecutor(workers) as pool:
@@ -404,15 +404,6 @@ class CSession(Session):
         return logprob, resp
 
 
-@contextmanager
-def _single_threaded_blas():
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        yield
-        return
-    with threadpool_limits(1, user_api="blas"):
-        yield
 
 
 def _wants_moments(variant, problem: Problem) -> bool:
