@@ -202,8 +202,8 @@ def covariances_from_precision_cholesky(prec_chol, cvtype: str):
     _check_cvtype(cvtype)
     pc = np.asarray(prec_chol, dtype=np.float64)
     if cvtype in ("full", "tied"):
-        W = inv_lower_triangular(np.swapaxes(pc, -1, -2))   # inv(U.T); the covariance is W.T @ W
-        cov = np.swapaxes(W, -1, -2) @ W
+        W = inv_lower_triangular(np.swapaxes(pc, -1, -2))   # inv(U.T); the covariance is W @ W.T
+        cov = W @ np.swapaxes(W, -1, -2)
         return 0.5 * (cov + np.swapaxes(cov, -1, -2))
     return 1.0 / (pc * pc)
 
