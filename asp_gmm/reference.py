@@ -339,21 +339,19 @@ def mstep_weights_means(X, resp, prev_means=None):
     return nk, nk / nk.sum(), means
 
 
-def _tied_covariance(X, nk, means, reg_covar):
-    """``(sum_n x_n x_n^T - sum_k nk_k mu_k mu_k^T) / sum_k nk_k + reg_covar I``, (D, D).
-
-    This is the pooled within-component covariance whenever every event's responsibilities sum to
-    one (always in EM); it is scikit-learn's formula, so an initialisation where only a few events
-    own a component (k-means++) starts from the same matrix as scikit-learn's. Computed around the
-    data's mean, so that an offset of the data costs no precision.
+def _tied_covariance(X, owned, nk, means, reg_covar):
+    """Pooled within-component covariance ``sum_k sum_n r_nk (x_n - mu_k)(x_n - mu_k)^T / sum_k nk_k``
+    plus ``reg_covar I``, (D, D), in O(N D^2): ``sum_n s_n y_n y_n^T - sum_k nk_k v_k v_k^T`` around the
+    data's mean c (``y = x - c``, ``v = mu - c``, ``s_n = sum_k r_nk`` the responsibility each event gives
+    out), so that an offset of the data costs no precision. Equal to scikit-learn's
+    ``(X^T X - sum_k nk_k mu_k mu_k^T) / sum_k nk_k`` whenever every event's responsibilities sum to one
+    (always in EM).
     """
-    N, D = X.shape
+    D = X.shape[1]
     c = X.mean(axis=0)
     Y = X - c
     V = means - c
-    a = nk @ V      # zero (up to rounding) when the responsibilities of every event sum to one
-    out = Y.T @ Y - (nk * V.T) @ V
-    out += (N - nk.sum()) * np.outer(c, c) - np.outer(a, c) - np.outer(c, a)
+    out = (Y.T * owned) @ Y - (nk * V.T) @ V
     out /= nk.sum()
     out.flat[:: D + 1] += reg_covar
     return out
@@ -384,7 +382,7 @@ def covariance(X, resp, nk, means, cvtype: str, reg_covar: float, prev_covars=No
     X = np.asarray(X, dtype=np.float64)
     M, D = means.shape
     if cvtype == "tied":
-        return _tied_covariance(X, nk, means, reg_covar)
+        return _tied_covariance(X, resp.sum(axis=1), nk, means, reg_covar)
     if cvtype == "full":
         out = np.empty((M, D, D))
         for k in range(M):
@@ -430,7 +428,7 @@ def mstep_from_labels(X, labels, n_components: int, cvtype: str, reg_covar: floa
     -------
     nk : ndarray, (M,)
         Effective counts (events owned + 10 eps); an empty component has mean 0 and covariance
-        ``reg_covar`` (``X``'s total scatter for "tied", see :func:`covariance`).
+        ``reg_covar``.
     means : ndarray, (M, D)
     covars : ndarray, (M, D, D), (D, D), (M, D) or (M,)
     """
@@ -444,7 +442,8 @@ def mstep_from_labels(X, labels, n_components: int, cvtype: str, reg_covar: floa
     nk = np.diff(bounds).astype(np.float64) + _TINY_COUNT
     means = np.stack([p.sum(axis=0) for p in parts]) / nk[:, None] if M else np.empty((0, D))
     if cvtype == "tied":
-        return nk, means, _tied_covariance(X, nk, means, reg_covar)
+        owned = ((labels >= 0) & (labels < M)).astype(np.float64)
+        return nk, means, _tied_covariance(X, owned, nk, means, reg_covar)
     if cvtype == "full":
         cov = np.empty((M, D, D))
         for k in range(M):

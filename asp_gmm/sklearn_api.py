@@ -291,13 +291,17 @@ def _one_hot_params(X, idx, reg, cvtype):
         labels = np.full(X.shape[0], -1, dtype=np.intp)
         labels[idx] = np.arange(M)
         nk, means, cov = _label_params(X, labels, M, reg, cvtype)
+        # Start where scikit-learn starts. The exact variance of a one-event component is reg_covar;
+        # scikit-learn's one-pass formula E[x^2] - mean^2 leaves about 10 eps x^2 in it, which next to a
+        # reg_covar of 1e-6 steers the first iterations. Its "tied" formula counts every event's
+        # scatter, owned or not (the total scatter of X over M, not reg_covar).
         if cvtype in ("diag", "spherical"):
-            # The exact variance of a one-event component is reg_covar. scikit-learn's one-pass formula
-            # E[x^2] - mean^2 leaves about 10 eps x^2 in it, which next to a reg_covar of 1e-6 steers the
-            # first iterations: start where scikit-learn starts.
             x = X[idx]
             cov = x * x / nk[:, None] - means ** 2 + reg
             cov = cov if cvtype == "diag" else cov.mean(axis=1)
+        elif cvtype == "tied":
+            cov = (X.T @ X - (nk * means.T) @ means) / nk.sum()
+            cov.flat[:: X.shape[1] + 1] += reg
         return nk, means, cov
     resp = np.zeros((X.shape[0], M))   # an event drawn twice belongs to two components
     resp[idx, np.arange(M)] = 1.0
