@@ -243,6 +243,10 @@ def log_gaussian_prob(X, means, prec_chol, log_det, cvtype: str):
         for k in range(M):
             y = XU - muU[k]
             maha[:, k] = np.einsum("nd,nd->n", y, y)
+    elif cvtype == "spherical":   # one precision per component: squared distances, scaled
+        for k in range(M):
+            diff = X - means[k]
+            maha[:, k] = np.einsum("nd,nd->n", diff, diff) * prec_chol[k] ** 2
     else:
         for k in range(M):
             diff = X - means[k]
@@ -389,13 +393,16 @@ def covariance(X, resp, nk, means, cvtype: str, reg_covar: float, prev_covars=No
             diff = X - means[k]
             out[k] = (resp[:, k] * diff.T) @ diff / nk[k]
             out[k].flat[:: D + 1] += reg_covar
+    elif cvtype == "spherical":   # the mean of the diagonal variances: squared distances / D
+        out = np.empty(M)
+        for k in range(M):
+            diff = X - means[k]
+            out[k] = resp[:, k] @ np.einsum("nd,nd->n", diff, diff) / (nk[k] * D) + reg_covar
     else:
         out = np.empty((M, D))
         for k in range(M):
             diff = X - means[k]
             out[k] = resp[:, k] @ (diff * diff) / nk[k] + reg_covar
-        if cvtype == "spherical":
-            out = out.mean(axis=1)
     if prev_covars is not None:
         empty = resp.sum(axis=0) < EMPTY_COMPONENT_EVENTS
         out[empty] = prev_covars[empty]
