@@ -396,7 +396,8 @@ class HistorySelector(Selector):
         device_id, fp = self._device(backend)
         try:
             history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
-                           problem.dtype, status, seconds, cov_seconds, repeats)
+                           problem.dtype, status, seconds, cov_seconds, repeats,
+                           threads=backend.run_threads(problem))
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
             self.runtime.disable(history, exc)
 

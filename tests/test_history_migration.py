@@ -94,3 +94,24 @@ def test_a_schema1_export_imports_with_the_same_merge(tmp_path):
         assert len(h2.devices()) == 2
     finally:
         h2.close()
+
+
+def test_a_c_run_stores_the_threads_it_used(tmp_path, monkeypatch):
+    import numpy as np
+
+    from asp_gmm import GMM
+    from asp_gmm.backends import get_backend
+    from asp_gmm.runtime import default_runtime
+    if get_backend("c").unavailable_reason():
+        import pytest
+        pytest.skip("no C compiler")
+    db = tmp_path / "h.sqlite"
+    monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{db}")
+    monkeypatch.setenv("ASP_GMM_NUM_THREADS", "1")
+    monkeypatch.setattr(default_runtime(), "_urls", {})
+    X = np.random.default_rng(0).normal(size=(3000, 3)).astype(np.float32)
+    GMM(2, 3, backend="c").train(X, max_em_iters=3)
+    default_runtime().shared_history().flush()
+    rows = History(f"sqlite:///{db}").rows()
+    ok = [r for r in rows if r.status == "ok"]
+    assert ok and {r.threads for r in ok} == {1}

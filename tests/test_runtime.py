@@ -47,7 +47,7 @@ def _run(tmp_path, mode):
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASP_GMM_", "XDG_"))}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(home / "cache"), XDG_DATA_HOME=str(home / "data"),
-               XDG_CONFIG_HOME=str(home / "config"), PYTHONPATH=str(ROOT),
+               XDG_CONFIG_HOME=str(home / "config"), PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                ASP_GMM_DB=f"sqlite:///{home / 'db' / 'h.sqlite'}")
     r = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=home, env=env, capture_output=True, text=True,
                        timeout=300)

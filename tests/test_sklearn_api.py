@@ -345,7 +345,11 @@ def test_score_averages_in_the_working_precision_as_sklearn(cvtype):
 def test_auto_without_a_c_compiler_warns_once(monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
     from asp_gmm.runtime import default_runtime
+    from asp_gmm import backends
     monkeypatch.setattr(default_runtime(), "warned_slow", False)
+    monkeypatch.delitem(default_runtime().backends, "c", raising=False)
+    real_reason = backends.unavailable_reason   # a GPU machine: hide CUDA so "auto" falls past it
+    monkeypatch.setattr(backends, "unavailable_reason", lambda n: "hidden" if n == "cuda" else real_reason(n))
     X = make_blobs(rng, 200, 2, 2)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

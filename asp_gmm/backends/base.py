@@ -139,6 +139,11 @@ class Backend(abc.ABC):
         """A stable description of the device: model, ISA or compute capability, core count,
         driver and compiler versions. Timings are only compared within one fingerprint."""
 
+    def run_threads(self, problem) -> int | None:
+        """CPU threads a run of ``problem`` uses (stored with its timing), ``None`` where that does
+        not apply (a GPU)."""
+        return None
+
     @property
     def device_id(self) -> str:
         """sha256 (first 16 hex digits) of the fingerprint: the device part of every stored key."""

@@ -114,6 +114,9 @@ class CBackend(Backend):
         return {"backend": "c", "model": cpu["model"], "isa": cpu["isa"], "arch": cpu["arch"],
                 "threads": os.cpu_count() or 1, "compiler": cache.tool_version(_compiler())}
 
+    def run_threads(self, problem: Problem) -> int:
+        return threads_for(problem)
+
     # ------------------------------------------------------------------ compiling
     def _context(self, problem: Problem) -> dict:
         f32 = problem.dtype == "float32"
