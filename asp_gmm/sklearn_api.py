@@ -25,7 +25,8 @@ those scikit-learn computes from the same initial parameters (up to rounding).
 "tied" and "spherical" covariances have no compiled variant: they run scikit-learn's loop on the
 project's float64 NumPy reference (:mod:`asp_gmm.reference`, scikit-learn's formulas; correct, not
 faster than scikit-learn). The initial parameters and every NumPy E- and M-step come from that
-module too: the drop-in keeps no numerical copies of its own.
+module too; the drop-in keeps no copies of scikit-learn's numerical helpers (it only reproduces
+scikit-learn's starting covariances of one-event components, see ``_one_hot_params``).
 
 Initialisation
 --------------
