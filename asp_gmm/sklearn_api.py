@@ -22,8 +22,11 @@ parameters, checking the same difference one iteration earlier. So a fit runs th
 iteration: the parameters, ``n_iter_``, ``converged_``, ``lower_bound_`` and ``lower_bounds_`` are
 those scikit-learn computes from the same initial parameters (up to rounding).
 
-"tied" and "spherical" covariances have no compiled variant: they run scikit-learn's formulas in
-float64 NumPy (correct, not faster than scikit-learn).
+"tied" and "spherical" covariances have no compiled variant: they run scikit-learn's loop on the
+project's float64 NumPy reference (:mod:`asp_gmm.reference`, scikit-learn's formulas; correct, not
+faster than scikit-learn). The initial parameters and every NumPy E- and M-step come from that
+module too; the drop-in keeps no copies of scikit-learn's numerical helpers (it only reproduces
+scikit-learn's starting covariances of one-event components, see ``_one_hot_params``).
 
 Initialisation
 --------------
@@ -70,6 +73,7 @@ except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
 from . import cuda_arrays, streaming
+from . import reference as ref
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
 from .problem import Problem
 
@@ -80,7 +84,6 @@ __all__ = ["GaussianMixture", "KMEANS_SUBSAMPLE"]
 KMEANS_SUBSAMPLE = 10_000
 
 _COMPILED = ("full", "diag")
-_LOG_2PI = math.log(2.0 * math.pi)
 _ILL_DEFINED = (
     "Fitting the mixture model failed because some components have ill-defined empirical covariance "
     "(for instance caused by singleton or collapsed samples). Try to decrease the number of "
@@ -101,13 +104,13 @@ def _is_dask_array(X) -> bool:
 
 def _numpy_stats(X, weights, means, covars, cvtype):
     """:class:`asp_gmm.streaming.SuffStats` of X for "tied" (full second moments) and "spherical"
-    (diagonal ones), from scikit-learn's E-step in float64 NumPy."""
+    (diagonal ones), from the reference's E-step in float64 NumPy."""
     from .backends.base import stats_from_posteriors
     X = np.asarray(X, np.float64)
-    lpn, log_resp = _log_prob_resp(X, weights, means, _precision_cholesky(covars, cvtype), cvtype)
+    lpn, resp = _estep(X, weights, means, _precision_cholesky(covars, cvtype, X.shape[1]), cvtype)
     kind = "full" if cvtype == "tied" else "diag"
     st = streaming.SuffStats(len(weights), X.shape[1], kind, means)
-    st.add_block(stats_from_posteriors(X, lpn, np.exp(log_resp), means, kind))
+    st.add_block(stats_from_posteriors(X, lpn, resp, means, kind))
     return st
 
 
@@ -237,82 +240,30 @@ def _working_dtype(dtype, X_dtype) -> np.dtype:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Precisions and covariances (scikit-learn's conventions: upper Cholesky factor U, inv(cov) = U U^T)
+# Numerics: the float64 reference (asp_gmm/reference.py) with scikit-learn's conventions (upper
+# Cholesky factor U of each precision, inv(cov) = U U^T) and scikit-learn's error rule and message
 
-def _inv_lower(L):
-    """Inverse of lower-triangular matrices (..., D, D) by forward substitution, in NumPy.
+def _precision_cholesky(cov, cvtype, D):
+    """scikit-learn's ``precisions_cholesky_`` of covariances, float64, same shape as ``cov``.
 
-    (scipy's ``solve_triangular`` goes through multi-threaded BLAS, which on small matrices can be
-    orders of magnitude slower on a loaded machine.)"""
-    D = L.shape[-1]
-    out = np.zeros_like(L)
-    for i in range(D):
-        row = -np.einsum("...j,...jk->...k", L[..., i, :i], out[..., :i, :])
-        row[..., i] += 1.0
-        out[..., i, :] = row / L[..., i, i, None]
-    return out
+    As scikit-learn, only a failed factorisation (or a variance that is not positive) is an error:
+    a ValueError with scikit-learn's message. ``D`` is the number of features."""
+    try:
+        return ref.precision_cholesky(cov, cvtype, cond_limit=None, n_features=D)[0]
+    except ref.NotPositiveDefiniteError:
+        raise ValueError(_ILL_DEFINED) from None
 
 
-def _precision_cholesky(cov, cvtype):
-    """scikit-learn's ``precisions_cholesky_`` from covariances (float64); raises its ValueError."""
-    cov = np.asarray(cov, dtype=np.float64)
-    if cvtype in ("full", "tied"):
-        try:
-            L = np.linalg.cholesky(cov)
-        except np.linalg.LinAlgError:
-            raise ValueError(_ILL_DEFINED) from None
-        return np.swapaxes(_inv_lower(L), -1, -2)
-    if np.any(cov <= 0.0):
-        raise ValueError(_ILL_DEFINED)
-    return 1.0 / np.sqrt(cov)
+def _estep(X, weights, means, prec_chol, cvtype):
+    """``(log p(x) (N,), responsibilities (N, M))`` of float64 X under the given factors."""
+    return ref.estep_cholesky(X, weights, means, prec_chol, cvtype)
 
-
-def _precision_cholesky_from_precisions(prec, cvtype):
-    """scikit-learn's factor of given precisions (Cholesky of the row/column-reversed matrix)."""
-    prec = np.asarray(prec, dtype=np.float64)
-    if cvtype in ("full", "tied"):
-        return np.linalg.cholesky(prec[..., ::-1, ::-1])[..., ::-1, ::-1]
-    return np.sqrt(prec)
-
-
-def _covariances_from_cholesky(pc, cvtype):
-    """Covariances ``inv(U U^T)`` from precision factors U: with W = inv(U^T), ``W W^T``."""
-    if cvtype in ("full", "tied"):
-        W = _inv_lower(np.swapaxes(pc, -1, -2))
-        cov = W @ np.swapaxes(W, -1, -2)
-        return 0.5 * (cov + np.swapaxes(cov, -1, -2))
-    return 1.0 / (pc * pc)
-
-
-def _precisions_from_cholesky(pc, cvtype):
-    if cvtype in ("full", "tied"):
-        return pc @ np.swapaxes(pc, -1, -2)
-    return pc * pc
-
-
-# ---------------------------------------------------------------------------------------------------
-# Float64 NumPy EM with scikit-learn's formulas (tied and spherical, and the initialisation)
 
 def _estimate_params(X, resp, reg, cvtype):
-    """Weights (unnormalised counts), means and covariances from soft responsibilities."""
-    nk = resp.sum(axis=0) + 10.0 * np.finfo(np.float64).eps
-    means = (resp.T @ X) / nk[:, None]
-    if cvtype == "full":
-        D = X.shape[1]
-        cov = np.empty((len(nk), D, D))
-        for k in range(len(nk)):
-            diff = X - means[k]
-            cov[k] = (resp[:, k] * diff.T) @ diff / nk[k]
-            cov[k].flat[:: D + 1] += reg
-    elif cvtype == "tied":
-        cov = X.T @ X - (nk * means.T) @ means
-        cov /= nk.sum()
-        cov.flat[:: X.shape[1] + 1] += reg
-    else:
-        cov = (resp.T @ (X * X)) / nk[:, None] - means ** 2 + reg
-        if cvtype == "spherical":
-            cov = cov.mean(axis=1)
-    return nk, means, cov
+    """Counts ``nk`` (M,) (unnormalised weights), means (M, D) and covariances from soft
+    responsibilities (N, M): scikit-learn's M-step (no empty-component rule)."""
+    nk, _, means = ref.mstep_weights_means(X, resp)
+    return nk, means, ref.covariance(X, resp, nk, means, cvtype, reg)
 
 
 def _one_blas_thread():
@@ -326,91 +277,36 @@ def _one_blas_thread():
     return threadpool_limits(limits=1, user_api="blas")
 
 
-def _hard_params(X, rows, bounds, reg, cvtype):
-    """As :func:`_estimate_params` for 0/1 responsibilities, in O(N D^2) instead of O(N M D^2):
-    component k owns the events ``rows[bounds[k]:bounds[k + 1]]``."""
-    M, D = len(bounds) - 1, X.shape[1]
-    Xs = X[rows]
-    nk = np.diff(bounds).astype(np.float64) + 10.0 * np.finfo(np.float64).eps
+def _label_params(X, labels, M, reg, cvtype):
+    """As :func:`_estimate_params` for 0/1 responsibilities (component k owns the events labelled
+    k; any other label owns nothing), in O(N D^2) instead of O(N M D^2)."""
     with _one_blas_thread():
-        parts = [Xs[bounds[k]:bounds[k + 1]] for k in range(M)]
-        means = np.stack([p.sum(axis=0) for p in parts]) / nk[:, None]
-        if cvtype == "full":
-            cov = np.empty((M, D, D))
-            for k in range(M):
-                diff = parts[k] - means[k]
-                cov[k] = diff.T @ diff / nk[k]
-                cov[k].flat[:: D + 1] += reg
-        elif cvtype == "tied":
-            cov = X.T @ X - (nk * means.T) @ means
-            cov /= nk.sum()
-            cov.flat[:: D + 1] += reg
-        else:
-            sq = np.stack([np.einsum("nd,nd->d", p, p) for p in parts])
-            cov = sq / nk[:, None] - means ** 2 + reg
-            if cvtype == "spherical":
-                cov = cov.mean(axis=1)
-    return nk, means, cov
+        return ref.mstep_from_labels(X, labels, M, cvtype, reg)
 
 
 def _one_hot_params(X, idx, reg, cvtype):
     """Component k owns exactly event ``idx[k]`` (k-means++, random_from_data)."""
-    return _hard_params(X, np.asarray(idx), np.arange(len(idx) + 1), reg, cvtype)
-
-
-def _label_params(X, labels, M, reg, cvtype):
-    """Component k owns the events labelled k (k-means)."""
-    order = np.argsort(labels, kind="stable")
-    bounds = np.searchsorted(labels[order], np.arange(M + 1))
-    return _hard_params(X, order, bounds, reg, cvtype)
-
-
-def _log_det_cholesky(pc, cvtype, D):
-    if cvtype == "full":
-        return np.log(np.diagonal(pc, axis1=1, axis2=2)).sum(axis=1)
-    if cvtype == "tied":
-        return np.log(np.diag(pc)).sum()
-    if cvtype == "diag":
-        return np.log(pc).sum(axis=1)
-    return D * np.log(pc)
-
-
-def _weighted_log_prob(X, weights, means, pc, cvtype):
-    """``log N(x | mu_k, Sigma_k) + log w_k``, (N, M), float64, scikit-learn's formulas."""
-    N, D = X.shape
-    M = means.shape[0]
-    log_det = _log_det_cholesky(pc, cvtype, D)
-    if cvtype == "full":
-        maha = np.empty((N, M))
-        for k in range(M):
-            y = X @ pc[k] - means[k] @ pc[k]
-            maha[:, k] = np.einsum("nd,nd->n", y, y)
-    elif cvtype == "tied":
-        maha = np.empty((N, M))
-        XU, muU = X @ pc, means @ pc
-        for k in range(M):
-            y = XU - muU[k]
-            maha[:, k] = np.einsum("nd,nd->n", y, y)
-    elif cvtype == "diag":
-        prec = pc ** 2
-        maha = ((means ** 2 * prec).sum(1) - 2.0 * (X @ (means * prec).T) + (X ** 2) @ prec.T)
-    else:
-        prec = pc ** 2
-        maha = ((means ** 2).sum(1) * prec - 2.0 * (X @ means.T) * prec
-                + np.outer(np.einsum("nd,nd->n", X, X), prec))
-    with np.errstate(divide="ignore"):
-        lw = np.log(weights)
-    return -0.5 * (D * _LOG_2PI + maha) + log_det + lw
-
-
-def _log_prob_resp(X, weights, means, pc, cvtype):
-    wlp = _weighted_log_prob(X, weights, means, pc, cvtype)
-    mx = wlp.max(axis=1, keepdims=True)
-    mx[~np.isfinite(mx)] = 0.0
-    with np.errstate(divide="ignore", under="ignore"):
-        lpn = np.log(np.exp(wlp - mx).sum(axis=1)) + mx[:, 0]
-        log_resp = wlp - lpn[:, None]
-    return lpn, log_resp
+    idx = np.asarray(idx)
+    M = len(idx)
+    if np.unique(idx).size == M:
+        labels = np.full(X.shape[0], -1, dtype=np.intp)
+        labels[idx] = np.arange(M)
+        nk, means, cov = _label_params(X, labels, M, reg, cvtype)
+        # Start where scikit-learn starts. The exact variance of a one-event component is reg_covar;
+        # scikit-learn's one-pass formula E[x^2] - mean^2 leaves about 10 eps x^2 in it, which next to a
+        # reg_covar of 1e-6 steers the first iterations. Its "tied" formula counts every event's
+        # scatter, owned or not (the total scatter of X over M, not reg_covar).
+        if cvtype in ("diag", "spherical"):
+            x = X[idx]
+            cov = x * x / nk[:, None] - means ** 2 + reg
+            cov = cov if cvtype == "diag" else cov.mean(axis=1)
+        elif cvtype == "tied":
+            cov = (X.T @ X - (nk * means.T) @ means) / nk.sum()
+            cov.flat[:: X.shape[1] + 1] += reg
+        return nk, means, cov
+    resp = np.zeros((X.shape[0], M))   # an event drawn twice belongs to two components
+    resp[idx, np.arange(M)] = 1.0
+    return _estimate_params(X, resp, reg, cvtype)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -491,6 +387,13 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.online_t0 = online_t0
         self.online_kappa = online_kappa
 
+    def __getstate__(self):
+        """Pickled state without the cached Specializers (they hold compiled modules and device
+        handles; a copy builds its own on first use)."""
+        state = dict(super().__getstate__())
+        state.pop("_specializers", None)
+        return state
+
     # ------------------------------------------------------------------------------ fitting
     def fit(self, X, y=None) -> "GaussianMixture":
         """Estimate the parameters with the EM algorithm (see
@@ -544,7 +447,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                  None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D))
         w, mu, cv = inits[0], inits[1], None
         if inits[2] is not None:
-            cv = _covariances_from_cholesky(_precision_cholesky_from_precisions(inits[2], cvtype), cvtype)
+            cv = ref.covariances_from_precision_cholesky(ref.precision_cholesky_from_precisions(inits[2], cvtype),
+                                                         cvtype)
         if self.warm_start and hasattr(self, "converged_"):
             w, mu, cv = self._params64()
         seed = None if self.random_state is None else int(check_random_state(self.random_state).randint(2 ** 31 - 1))
@@ -646,7 +550,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 rho = (float(self.online_t0) + self._online_steps) ** -float(self.online_kappa)
                 self._online_stats = self._online_stats.recentred(st.centre).scaled(1.0 - rho).add(st.scaled(rho))
             params = _online_mstep(self._online_stats, mu, cv, reg, cvtype)
-            _precision_cholesky(params[2], cvtype)
+            _precision_cholesky(params[2], cvtype, D)
         except (NotPositiveDefiniteError, FloatingPointError) as exc:
             raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
         self._set_parameters(params, dt)
@@ -726,14 +630,28 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return X
 
     def _specializer(self, problem):
+        """The :class:`~asp_gmm.specializer.Specializer` that runs ``problem`` ("full" or "diag"): the
+        one of ``backend``, or for "auto" the first backend with a variant for the problem.
+
+        Each backend's Specializer is built once per estimator and kept in ``_specializers`` (not a
+        parameter; left out of pickles and copies, see :meth:`__getstate__`), so that predict and
+        score reuse its memoised candidates instead of building a new one on every call."""
         from . import backends
         from .specializer import Specializer
+        specs = self.__dict__.setdefault("_specializers", {})
+
+        def of(name):
+            spec = specs.get(name)
+            if spec is None:
+                spec = specs[name] = Specializer(name)
+            return spec
+
         if self.backend != "auto":
-            return Specializer(self.backend)
+            return of(self.backend)
         last = None
         for name in backends.available():
             try:
-                spec = Specializer(name)
+                spec = of(name)
                 spec.candidates(problem)
                 backends.note_auto_choice(name)
                 return spec
@@ -769,14 +687,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         """scikit-learn's loop in float64 NumPy (tied, spherical)."""
         cvtype, reg, tol = self.covariance_type, float(self.reg_covar), float(self.tol)
         w, mu, cv = params
-        pc = _precision_cholesky(cv, cvtype)
+        D = X.shape[1]
+        pc = _precision_cholesky(cv, cvtype, D)
         lower_bound, lbs, conv, n_iter = lb_prev, [], False, 0
         for n_iter in range(1, self.max_iter + 1):
             prev = lower_bound
-            lpn, log_resp = _log_prob_resp(X, w, mu, pc, cvtype)
-            nk, mu, cv = _estimate_params(X, np.exp(log_resp), reg, cvtype)
+            lpn, resp = _estep(X, w, mu, pc, cvtype)
+            nk, mu, cv = _estimate_params(X, resp, reg, cvtype)
             w = nk / nk.sum()
-            pc = _precision_cholesky(cv, cvtype)
+            pc = _precision_cholesky(cv, cvtype, D)
             lower_bound = float(np.mean(lpn))
             lbs.append(lower_bound)
             if abs(lower_bound - prev) < tol:
@@ -798,10 +717,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if means_init is not None:
             means = means_init
         if precisions_init is not None:
-            pc = _precision_cholesky_from_precisions(precisions_init, cvtype)
-            cov = _covariances_from_cholesky(pc, cvtype)
+            pc = ref.precision_cholesky_from_precisions(precisions_init, cvtype)
+            cov = ref.covariances_from_precision_cholesky(pc, cvtype)
         else:
-            _precision_cholesky(cov, cvtype)  # scikit-learn's check (and message) at initialisation
+            _precision_cholesky(cov, cvtype, X.shape[1])  # scikit-learn's check (and message) at initialisation
         return (np.asarray(weights, np.float64), np.asarray(means, np.float64),
                 np.asarray(cov, np.float64))
 
@@ -833,15 +752,15 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         w, mu, cv = params
         cvtype = self.covariance_type
         if from_precisions:  # max_iter=0 with precisions_init: scikit-learn's factor of the precisions
-            pc = _precision_cholesky_from_precisions(
+            pc = ref.precision_cholesky_from_precisions(
                 _check_precisions(self.precisions_init, cvtype, self.n_components, mu.shape[1]), cvtype)
         else:
-            pc = _precision_cholesky(cv, cvtype)
+            pc = _precision_cholesky(cv, cvtype, mu.shape[1])
         self.weights_ = np.asarray(w, dtype=dt)
         self.means_ = np.asarray(mu, dtype=dt)
         self.covariances_ = np.asarray(cv, dtype=dt)
         self.precisions_cholesky_ = np.asarray(pc, dtype=dt)
-        self.precisions_ = np.asarray(_precisions_from_cholesky(pc, cvtype), dtype=dt)
+        self.precisions_ = np.asarray(ref.precisions_from_cholesky(pc, cvtype), dtype=dt)
 
     def _params64(self):
         return (np.asarray(self.weights_, np.float64), np.asarray(self.means_, np.float64),
@@ -862,9 +781,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             except (NotPositiveDefiniteError, FloatingPointError) as exc:
                 raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
         w, mu, _ = self._params64()
-        lpn, log_resp = _log_prob_resp(np.asarray(X, np.float64), w, mu,
-                                       np.asarray(self.precisions_cholesky_, np.float64), cvtype)
-        return lpn.astype(dt, copy=False), (np.exp(log_resp).astype(dt, copy=False) if want_resp else None)
+        lpn, resp = _estep(np.asarray(X, np.float64), w, mu, np.asarray(self.precisions_cholesky_, np.float64), cvtype)
+        return lpn.astype(dt, copy=False), (resp.astype(dt, copy=False) if want_resp else None)
 
     def score_samples(self, X):
         """Log-likelihood of each event, (n_samples,)."""

@@ -383,3 +383,49 @@ def test_verbose_output_like_sklearn(cvtype, rng, capsys):
     def shape(lines):  # the lines' kinds and counts (times differ)
         return [ln.split("\t")[0].split(".")[0] for ln in lines]
     assert shape(ours) == shape(ref)
+
+
+def test_one_specializer_per_backend_kept_out_of_params_and_pickles(monkeypatch, rng):
+    """predict/score reuse the Specializer fit built (and its memoised candidates); it is not a
+    parameter, and pickles and deep copies leave it out and build their own."""
+    import copy
+
+    from asp_gmm import specializer
+    built = []
+    real_init = specializer.Specializer.__init__
+
+    def spy(self, *a, **k):
+        built.append(a[0] if a else k.get("backend"))
+        real_init(self, *a, **k)
+
+    monkeypatch.setattr(specializer.Specializer, "__init__", spy)
+    X = make_blobs(rng, 300, 2, 2)
+    g = GaussianMixture(2, covariance_type="diag", backend="numpy", random_state=0).fit(X)
+    assert built == ["numpy"]
+    for _ in range(3):
+        g.predict(X), g.score(X), g.predict_proba(X), g.score_samples(X[:7])
+    assert built == ["numpy"]
+    g.set_params(backend="c")
+    g.predict(X), g.score(X)
+    assert built == ["numpy", "c"]
+    assert "_specializers" not in g.get_params()
+    for h in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
+        assert "_specializers" not in h.__dict__
+        np.testing.assert_array_equal(h.predict(X), g.predict(X))
+    assert set(g._specializers) == {"numpy", "c"}    # pickling did not touch the original
+
+
+@pytest.mark.parametrize("cvtype", ["tied", "spherical"])
+@pytest.mark.parametrize("data", ["iris", "wine", "random"])
+def test_numpy_types_equal_sklearn_in_float64(data, cvtype, rng):
+    """"tied" and "spherical" run scikit-learn's loop on the float64 reference: from the same initial
+    parameters they give scikit-learn's fit up to rounding."""
+    X, M = _data(data, rng)
+    init = _sk_init(X, M, cvtype)
+    ref = SkGM(M, covariance_type=cvtype, max_iter=200, **init).fit(X)
+    ours = GaussianMixture(M, covariance_type=cvtype, max_iter=200, **init).fit(X)
+    assert ours.n_iter_ == ref.n_iter_ and ours.converged_ == ref.converged_
+    np.testing.assert_allclose(ours.lower_bounds_, ref.lower_bounds_, rtol=1e-10, atol=0)
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_", "precisions_"):
+        assert _rel(getattr(ours, name), getattr(ref, name)) <= 1e-9, name
+    assert _rel(ours.score_samples(X), ref.score_samples(X)) <= 1e-10
