@@ -6,12 +6,13 @@
 Under ``train`` a specializer picks a code variant for the problem and device, renders its Jinja2
 template to C or CUDA, compiles it and caches it, and runs the whole EM loop in compiled code.
 """
+
 from importlib import metadata as _metadata
 
 try:
     #: The installed distribution's version (setup.cfg's ``version`` is the one place it is written).
     __version__ = _metadata.version("asp_gmm")
-except _metadata.PackageNotFoundError:   # running from a checkout that was never installed
+except _metadata.PackageNotFoundError:  # running from a checkout that was never installed
     __version__ = "0+unknown"
 
 import importlib.util as _importlib_util  # noqa: E402
@@ -23,19 +24,29 @@ from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
 def _sklearn_installed() -> bool:
     try:
         return _importlib_util.find_spec("sklearn") is not None
-    except (ImportError, ValueError):   # ValueError: sys.modules["sklearn"] is None (blocked)
+    except (ImportError, ValueError):  # ValueError: sys.modules["sklearn"] is None (blocked)
         return False
 
 
 #: ``GaussianMixture`` (the scikit-learn drop-in) is listed only where scikit-learn is installed, so
 #: that ``from asp_gmm import *`` works without it; ``asp_gmm.GaussianMixture`` then says what to install.
-__all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze", "ASPGMMError", "CompileError",
-           "NonFiniteError", "NotPositiveDefiniteError", "__version__"] + (["GaussianMixture"] if _sklearn_installed() else [])
+__all__ = [
+    "GMM",
+    "compute_distance_BIC",
+    "prepare",
+    "freeze",
+    "ASPGMMError",
+    "CompileError",
+    "NonFiniteError",
+    "NotPositiveDefiniteError",
+    "__version__",
+] + (["GaussianMixture"] if _sklearn_installed() else [])
 
 
 def __getattr__(name):
     # the scikit-learn drop-in imports scikit-learn lazily (optional dependency)
     if name == "GaussianMixture":
         from .sklearn_api import GaussianMixture
+
         return GaussianMixture
     raise AttributeError(f"module 'asp_gmm' has no attribute {name!r}")

@@ -10,6 +10,7 @@ A configuration that fails to compile is ``compile-failed``, one that fails at r
 ``launch-failed``; one whose parameters after the first iteration disagree with most of the others
 (every variant computes the same function) is ``invalid``, so a wrong kernel is never selected.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -29,8 +30,8 @@ AGREE_RTOL = {"float32": 2e-2, "float64": 1e-6}
 @dataclass
 class Measurement:
     config: Config
-    status: str                      # ok, compile-failed, launch-failed, invalid
-    seconds: float | None = None     # median seconds per EM iteration
+    status: str  # ok, compile-failed, launch-failed, invalid
+    seconds: float | None = None  # median seconds per EM iteration
     cov_seconds: float | None = None
     repeats: int = 0
     samples: list = field(default_factory=list)
@@ -70,7 +71,7 @@ def configs_for(backend, problem: Problem, tunables: bool = False, variants=None
     for v in backend.covariance_variants():
         if variants and v.name not in variants:
             continue
-        first = backend.tunables_for(v, problem)   # None: the variant cannot run the problem
+        first = backend.tunables_for(v, problem)  # None: the variant cannot run the problem
         if first is None:
             continue
         if tunables and v.tunables:
@@ -95,9 +96,19 @@ def problem_data(problem: Problem, seed: int = 0, reg_covar: float = 1e-3):
     return X, (np.full(M, 1.0 / M), means, covars)
 
 
-def measure(backend, problem: Problem, configs: list, repeats: int = 5, seed: int = 0, reg_covar: float = 1e-3,
-            max_seconds: float | None = None, min_repeats: int = 1, record=None, on_config=None,
-            data=None) -> list:
+def measure(
+    backend,
+    problem: Problem,
+    configs: list,
+    repeats: int = 5,
+    seed: int = 0,
+    reg_covar: float = 1e-3,
+    max_seconds: float | None = None,
+    min_repeats: int = 1,
+    record=None,
+    on_config=None,
+    data=None,
+) -> list:
     """Measure ``configs`` on ``problem``; return a :class:`Measurement` per configuration.
 
     The configurations take turns (one iteration each per round, ``repeats`` rounds), each
@@ -135,8 +146,9 @@ def measure(backend, problem: Problem, configs: list, repeats: int = 5, seed: in
                 covs.setdefault(m.config, []).append(run.cov_seconds[0])
                 if r == 0:
                     after[m.config] = session.params()
-                done = r == rounds - 1 or (max_seconds is not None and len(m.samples) >= min_repeats
-                                            and sum(m.samples) >= max_seconds)
+                done = r == rounds - 1 or (
+                    max_seconds is not None and len(m.samples) >= min_repeats and sum(m.samples) >= max_seconds
+                )
                 if done:
                     live.remove(m)
                     if on_config:
@@ -162,8 +174,7 @@ def _check_agreement(out, after, problem):
     rtol = AGREE_RTOL[problem.dtype]
 
     def close(a, b):
-        return all(np.allclose(x, y, rtol=rtol, atol=rtol * max(float(np.max(np.abs(y))), 1e-30))
-                   for x, y in zip(a, b))
+        return all(np.allclose(x, y, rtol=rtol, atol=rtol * max(float(np.max(np.abs(y))), 1e-30)) for x, y in zip(a, b))
 
     for m in ok:
         agree = sum(close(after[m.config], after[o.config]) for o in ok if o is not m)
@@ -222,14 +233,19 @@ def table(results: dict, baseline: str = "V1") -> str:
         rows.append(cells)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     fmt = lambda r: "  ".join(c.rjust(w) for c, w in zip(r, widths))  # noqa: E731
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]) + \
-        "\n(milliseconds per EM iteration; the winner's speed-up over always using " + baseline + ")"
+    return (
+        "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+        + "\n(milliseconds per EM iteration; the winner's speed-up over always using "
+        + baseline
+        + ")"
+    )
 
 
 def heatmap(results: dict, path, baseline: str = "V1", title: str = "") -> None:
     """PNG: per (D, M) the winning variant (colour), its speed-up over ``baseline`` as the table
     writes it (:func:`gain_text`) and its milliseconds per EM iteration (text), one panel per N."""
     import matplotlib
+
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
@@ -242,8 +258,9 @@ def heatmap(results: dict, path, baseline: str = "V1", title: str = "") -> None:
     names = sorted({m.config.variant.name for ms in results.values() for m in ms})
     colours = plt.get_cmap("tab10").colors
     cmap = ListedColormap([colours[i % 10] for i in range(max(len(names), 1))])
-    fig, axes = plt.subplots(1, len(Ns), figsize=(1.0 + 0.9 * len(Ms) * len(Ns) + 1.5, 1.2 + 0.55 * len(Ds)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(Ns), figsize=(1.0 + 0.9 * len(Ms) * len(Ns) + 1.5, 1.2 + 0.55 * len(Ds)), squeeze=False
+    )
     for ax, N in zip(axes[0], Ns):
         img = np.full((len(Ds), len(Ms)), np.nan)
         for (i, D), (j, M) in itertools.product(enumerate(Ds), enumerate(Ms)):
@@ -253,8 +270,14 @@ def heatmap(results: dict, path, baseline: str = "V1", title: str = "") -> None:
                 continue
             img[i, j] = names.index(w.config.variant.name)
             gain = gain_text(ms, baseline)
-            ax.text(j, i, f"{w.config.variant.name}\n{gain if gain != '-' else ''}\n{ms_text(w.seconds)} ms",
-                    ha="center", va="center", fontsize=7)
+            ax.text(
+                j,
+                i,
+                f"{w.config.variant.name}\n{gain if gain != '-' else ''}\n{ms_text(w.seconds)} ms",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
         ax.imshow(img, cmap=cmap, vmin=-0.5, vmax=len(names) - 0.5, aspect="auto", origin="lower")
         ax.set_xticks(range(len(Ms)), [str(m) for m in Ms])
         ax.set_yticks(range(len(Ds)), [str(d) for d in Ds])
@@ -262,10 +285,8 @@ def heatmap(results: dict, path, baseline: str = "V1", title: str = "") -> None:
         ax.set_ylabel("D")
         ax.set_title(f"N = {N:,}")
     won = sorted({best(ms).config.variant.name for ms in results.values() if best(ms)})
-    fig.legend(handles=[Patch(color=cmap(names.index(n)), label=n) for n in won], loc="center right",
-               title="winner")
-    fig.suptitle(title or f"winning variant, its speed-up over always {baseline}, its ms per EM iteration",
-                 fontsize=10)
+    fig.legend(handles=[Patch(color=cmap(names.index(n)), label=n) for n in won], loc="center right", title="winner")
+    fig.suptitle(title or f"winning variant, its speed-up over always {baseline}, its ms per EM iteration", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.2 / fig.get_figwidth(), 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,6 +4,7 @@ The first call of a threaded BLAS starts its threads, which on a busy machine co
 product (0.4-1.5 s against 0.07-0.19 s for the data covariance of 100 000 x 19 events); the C
 backend's Python-threaded components also want one BLAS thread each.
 """
+
 from __future__ import annotations
 
 import contextlib

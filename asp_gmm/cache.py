@@ -29,6 +29,7 @@ Temporary files of compiles killed midway (``.<name>*.so``, ``.cubin``, ``.tmp``
 their folder is next compiled into: at once when their key's lock is free, else after
 :data:`TEMP_MAX_AGE` seconds.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -110,13 +111,14 @@ def _ensure_root(path: Path, origin: str) -> os.stat_result:
             path.parent.mkdir(parents=True, exist_ok=True)
             with contextlib.suppress(FileExistsError):
                 os.mkdir(path, 0o700)
-                os.chmod(path, 0o700)     # whatever the umask
+                os.chmod(path, 0o700)  # whatever the umask
             st = os.stat(path)
         except OSError as exc:
             raise CacheError(f"{_describe(path, origin)} cannot be created ({exc.strerror or exc}); {fix}") from None
     if not stat.S_ISDIR(st.st_mode):
-        raise CacheError(f"{_describe(path, origin)} is not a folder (a file is in its place); remove that "
-                         f"file, or {fix}")
+        raise CacheError(
+            f"{_describe(path, origin)} is not a folder (a file is in its place); remove that file, or {fix}"
+        )
     _require_safe(path, st)
     return st
 
@@ -136,6 +138,7 @@ def _named_uids(text: str) -> frozenset:
             continue
         try:
             import pwd
+
             uids.add(pwd.getpwnam(part).pw_uid)
         except (ImportError, KeyError):
             log.warning("asp_gmm: ASP_GMM_CACHE_TRUST names %r, which is not a user here; ignored", part)
@@ -145,6 +148,7 @@ def _named_uids(text: str) -> frozenset:
 def _user_name(uid: int) -> str:
     try:
         import pwd
+
         return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
         return str(uid)
@@ -165,14 +169,17 @@ def _require_safe(path: Path, st: os.stat_result) -> None:
             f"asp_gmm will not load compiled code from the compile cache: the {what} {path} is owned by "
             f"{_user(st.st_uid)}, not by you ({_user(os.geteuid())}) or root, so its binaries could be anyone's "
             f"code. Fix: {private}; or, if it is a shared cache kept by a user you trust, set "
-            f"ASP_GMM_CACHE_TRUST={_user_name(st.st_uid)}")
+            f"ASP_GMM_CACHE_TRUST={_user_name(st.st_uid)}"
+        )
     if st.st_mode & _GO_WRITE and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
         who = " and ".join(w for w, bit in (("group", stat.S_IWGRP), ("others", stat.S_IWOTH)) if st.st_mode & bit)
         raise UnsafeCacheError(
             f"asp_gmm will not load compiled code from the compile cache: the {what} {path} is writable by {who} "
             f"(mode {stat.S_IMODE(st.st_mode):04o}), so another user could plant a binary there that would run in "
-            f"this process. Fix: chmod go-w {path}" + (" (and the files in it)" if what == "folder" else "")
-            + f", or {private}")
+            f"this process. Fix: chmod go-w {path}"
+            + (" (and the files in it)" if what == "folder" else "")
+            + f", or {private}"
+        )
 
 
 def _writable(path: Path, st: os.stat_result) -> bool:
@@ -193,6 +200,7 @@ def _modes(root_st: os.stat_result) -> tuple:
     execute bits for group and others, never their write bits."""
     shared = stat.S_IMODE(root_st.st_mode) & 0o055
     return 0o700 | shared, 0o600 | (shared & 0o044)
+
 
 def digest(*parts) -> str:
     """sha256 of the parts, each converted to text and separated unambiguously."""
@@ -243,6 +251,7 @@ def _file_sha256(path: Path) -> str:
 class CompileStats:
     """Counts of compiles and cache hits in this process, and the seconds spent compiling (tests and
     benchmarks read them)."""
+
     compiles = 0
     hits = 0
     seconds = 0.0
@@ -253,7 +262,7 @@ class CompileStats:
 NOTICE_AFTER = 3.0
 #: Compiles are logged here at INFO (name, seconds, compiler, binary).
 compile_log = logging.getLogger("asp_gmm")
-_NOTICED = "compile-notice"      # in Runtime.warned once the notice was printed
+_NOTICED = "compile-notice"  # in Runtime.warned once the notice was printed
 
 
 def _noticed() -> bool:
@@ -288,9 +297,14 @@ class _Notice:
                 return
             default_runtime().warned.add(_NOTICED)
         import sys
+
         where, _ = _configured()
-        print(f"asp_gmm: compiling specialized code on first use ({cls._name or 'kernel'}...); this takes a few "
-              f"seconds once, the binaries are cached in {where}", file=sys.stderr, flush=True)
+        print(
+            f"asp_gmm: compiling specialized code on first use ({cls._name or 'kernel'}...); this takes a few "
+            f"seconds once, the binaries are cached in {where}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def cancel(self):
         cls = type(self)
@@ -299,8 +313,7 @@ class _Notice:
             cls._last_end = time.monotonic()
 
 
-def build(source: str, suffix: str, command, key_parts, name: str = "", source_suffix: str = ".c",
-          produce=None):
+def build(source: str, suffix: str, command, key_parts, name: str = "", source_suffix: str = ".c", produce=None):
     """Return the path of the binary compiled from ``source``, compiling it only when not cached.
 
     Every binary returned has passed the trust checks of the module documentation (callers load it:
@@ -345,21 +358,23 @@ def build(source: str, suffix: str, command, key_parts, name: str = "", source_s
             return hit
     root, root_st = _compile_root(roots)
     try:
-        return _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix,
-                             produce)
+        return _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix, produce)
     except (CompileError, CacheError):
         raise
-    except OSError as exc:      # a sub-folder we cannot write, a full disk...
+    except OSError as exc:  # a sub-folder we cannot write, a full disk...
         primary, origin = _configured()
         where = _describe(root, origin if root == primary else "private")
-        raise CacheError(f"a binary cannot be written into {where}: {exc.strerror or exc}"
-                         + (f" ({exc.filename})" if exc.filename else "")
-                         + "; make it writable for you (or free space), or set ASP_GMM_CACHE_DIR to a writable "
-                           "folder") from None
+        raise CacheError(
+            f"a binary cannot be written into {where}: {exc.strerror or exc}"
+            + (f" ({exc.filename})" if exc.filename else "")
+            + "; make it writable for you (or free space), or set ASP_GMM_CACHE_DIR to a writable "
+            "folder"
+        ) from None
 
 
-def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix,
-                  produce=None) -> Path:
+def _compile_into(
+    root, root_st, key, stem, source, suffix, command, key_parts, name, source_suffix, produce=None
+) -> Path:
     """Compile ``source`` into its entry under ``root`` (under the entry's lock) and return the binary."""
     dir_mode, file_mode = _modes(root_st)
     folder = root / key[:2]
@@ -375,8 +390,9 @@ def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, 
             return hit
         _remove_stale_temporaries(folder, stem)
         if binary.exists() or meta.exists():
-            warnings.warn(f"asp_gmm: cache entry {binary} is corrupt or incomplete; rebuilding it",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"asp_gmm: cache entry {binary} is corrupt or incomplete; rebuilding it", RuntimeWarning, stacklevel=3
+            )
         atomic_write(src_path, source, file_mode)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + stem, suffix=suffix)
         os.close(fd)
@@ -396,7 +412,7 @@ def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, 
                         raise CompileError(cmd, f"could not start the compiler: {exc}", str(src_path), name) from None
                     if proc.returncode != 0 or os.path.getsize(tmp) == 0:
                         raise CompileError(cmd, proc.stdout, str(src_path), name)
-                os.chmod(tmp, file_mode)      # the linker creates its output with the umask's mode
+                os.chmod(tmp, file_mode)  # the linker creates its output with the umask's mode
                 os.replace(tmp, binary)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):
@@ -405,12 +421,28 @@ def _compile_into(root, root_st, key, stem, source, suffix, command, key_parts, 
         finally:
             notice.cancel()
         seconds = time.perf_counter() - t0
-        compile_log.info("asp_gmm: compiled %s in %.2f s with %s (%s)", name or stem, seconds,
-                         "NVRTC in-process" if produce is not None else os.path.basename(cmd[0]), binary)
+        compile_log.info(
+            "asp_gmm: compiled %s in %.2f s with %s (%s)",
+            name or stem,
+            seconds,
+            "NVRTC in-process" if produce is not None else os.path.basename(cmd[0]),
+            binary,
+        )
         CompileStats.seconds += seconds
-        atomic_write(meta, json.dumps({"sha256": _file_sha256(binary), "command": cmd,
-                                       "key_parts": [str(k) for k in key_parts],
-                                       "version": __version__, "name": name}, indent=1), file_mode)
+        atomic_write(
+            meta,
+            json.dumps(
+                {
+                    "sha256": _file_sha256(binary),
+                    "command": cmd,
+                    "key_parts": [str(k) for k in key_parts],
+                    "version": __version__,
+                    "name": name,
+                },
+                indent=1,
+            ),
+            file_mode,
+        )
         CompileStats.compiles += 1
     return binary
 
@@ -429,8 +461,6 @@ def lookup(source: str, suffix: str, key_parts, name: str = "", source_suffix: s
         if hit is not None:
             return hit
     return None
-
-
 
 
 def _search_roots() -> list:
@@ -460,18 +490,24 @@ def _compile_root(roots: list) -> tuple:
     _, origin = _configured()
     private = _private_dir()
     if private == primary:
-        raise CacheError(f"{_describe(primary, origin)} is read-only for you, so a binary it lacks cannot be "
-                         "compiled; make it writable (chmod u+w) or set ASP_GMM_CACHE_DIR to a writable folder")
+        raise CacheError(
+            f"{_describe(primary, origin)} is read-only for you, so a binary it lacks cannot be "
+            "compiled; make it writable (chmod u+w) or set ASP_GMM_CACHE_DIR to a writable folder"
+        )
     pst = _ensure_root(private, "private")
     if not _writable(private, pst):
-        raise CacheError(f"{_describe(primary, origin)} is read-only for you and so is {_describe(private, 'private')}, "
-                         "so a binary they lack cannot be compiled; set ASP_GMM_CACHE_DIR to a writable folder")
+        raise CacheError(
+            f"{_describe(primary, origin)} is read-only for you and so is {_describe(private, 'private')}, "
+            "so a binary they lack cannot be compiled; set ASP_GMM_CACHE_DIR to a writable folder"
+        )
     rt = default_runtime()
     with rt.lock:
         if ("cache-fallback", primary) not in rt.warned:
             rt.warned.add(("cache-fallback", primary))
-            msg = (f"asp_gmm: {_describe(primary, origin)} is read-only for you (a shared cache?); binaries it "
-                   f"lacks are compiled into {_describe(private, 'private')}")
+            msg = (
+                f"asp_gmm: {_describe(primary, origin)} is read-only for you (a shared cache?); binaries it "
+                f"lacks are compiled into {_describe(private, 'private')}"
+            )
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=4)
     return private, pst
@@ -537,8 +573,9 @@ def tool_version(cmd) -> str:
     key = tuple(cmd)
     if key not in _versions:
         try:
-            out = subprocess.run(list(cmd) + ["--version"], stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True).stdout
+            out = subprocess.run(
+                list(cmd) + ["--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            ).stdout
         except OSError:
             out = "unavailable"
         _versions[key] = " | ".join(out.strip().splitlines()[:4])
@@ -549,6 +586,7 @@ def short_version(text: str) -> str:
     """One line of a :func:`tool_version` text for display: the first part that names a version
     (gcc's first line, nvcc's "release" line)."""
     import re
+
     parts = [p.strip() for p in str(text).split(" | ") if p.strip()]
     for p in parts:
         if re.search(r"\d+\.\d+", p) and not p.lower().startswith("copyright"):

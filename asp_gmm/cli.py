@@ -11,6 +11,7 @@ variant and its gain over V1 per (D, M), one panel per N. ``history export``/``i
 measured history (JSON) to another machine of the same kind, like FFTW wisdom: rows are keyed by
 the device fingerprint, so they only serve an identical device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,13 @@ from .config import settings
 def _history():
     from . import __version__
     from .tuning_db import History, default_url
+
     return History(default_url(settings().db), package_version=__version__)
 
 
 def _backend(name):
     from .backends import get_backend
+
     return get_backend(name)
 
 
@@ -46,8 +49,11 @@ def cmd_tune(args) -> int:
     small = sorted({(n, m) for n in Ns for m in Ms if n < m})
     if small:
         pairs = ", ".join(f"N={n} < M={m}" for n, m in small[:4]) + (", ..." if len(small) > 4 else "")
-        print(f"asp-gmm tune: a GMM needs at least as many events as components ({pairs}); drop N values below "
-              f"{max(Ms)} or M values above {min(Ns)}", file=sys.stderr)
+        print(
+            f"asp-gmm tune: a GMM needs at least as many events as components ({pairs}); drop N values below "
+            f"{max(Ms)} or M values above {min(Ns)}",
+            file=sys.stderr,
+        )
         return 2
     backend = _backend(args.backend)
     variants = None
@@ -56,14 +62,21 @@ def cmd_tune(args) -> int:
         wanted = [w.strip() for w in args.variants.split(",") if w.strip()]
         unknown = [w for w in wanted if w.lower() not in known]
         if unknown or not wanted:
-            print(f"asp-gmm tune: unknown variant {', '.join(unknown) or repr(args.variants)} for backend "
-                  f"{backend.name}; known: {', '.join(sorted(known.values()))}", file=sys.stderr)
+            print(
+                f"asp-gmm tune: unknown variant {', '.join(unknown) or repr(args.variants)} for backend "
+                f"{backend.name}; known: {', '.join(sorted(known.values()))}",
+                file=sys.stderr,
+            )
             return 2
         variants = {known[w.lower()] for w in wanted}
     if args.repeats < 3:
-        warnings.warn(f"--repeats {args.repeats}: single timings are noise (other load, clock changes, first-touch "
-                      "effects); the history keeps them and train() may choose by them. Use --repeats 3 or more "
-                      "(the default is 5).", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"--repeats {args.repeats}: single timings are noise (other load, clock changes, first-touch "
+            "effects); the history keeps them and train() may choose by them. Use --repeats 3 or more "
+            "(the default is 5).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     history = _history()
     selector = HistorySelector(history)
     problems = [p for cv in args.cvtype for p in autotune.grid(Ns, Ds, Ms, cv, args.dtype)]
@@ -80,8 +93,7 @@ def cmd_tune(args) -> int:
     except ImportError:  # pragma: no cover - tqdm is in the tune extra
         tqdm = None
     total = sum(len(c) for c in plans.values())
-    bar = tqdm(total=total, unit="config", desc="tuning", disable=args.quiet or None, file=sys.stderr) \
-        if tqdm else None
+    bar = tqdm(total=total, unit="config", desc="tuning", disable=args.quiet or None, file=sys.stderr) if tqdm else None
     results = {}
     try:
         for p in problems:
@@ -89,9 +101,16 @@ def cmd_tune(args) -> int:
                 continue
             if bar is not None:
                 bar.set_postfix_str(f"N={p.N} D={p.D} M={p.M}")
-            results[p] = autotune.measure(backend, p, plans[p], repeats=args.repeats, seed=args.seed,
-                                          max_seconds=args.max_seconds, record=record,
-                                          on_config=(lambda c: bar.update(1)) if bar is not None else None)
+            results[p] = autotune.measure(
+                backend,
+                p,
+                plans[p],
+                repeats=args.repeats,
+                seed=args.seed,
+                max_seconds=args.max_seconds,
+                record=record,
+                on_config=(lambda c: bar.update(1)) if bar is not None else None,
+            )
             history.flush()
     finally:
         if bar is not None:
@@ -105,17 +124,38 @@ def cmd_tune(args) -> int:
     print(f"{sum(len(ms) for ms in results.values())} timings recorded in {history.where}")
     if args.out and results:
         try:
-            autotune.heatmap(results, args.out, args.baseline,
-                             title=f"{backend.name}: winning variant, its speed-up over always {args.baseline}, "
-                                   "its ms per EM iteration")
+            autotune.heatmap(
+                results,
+                args.out,
+                args.baseline,
+                title=f"{backend.name}: winning variant, its speed-up over always {args.baseline}, "
+                "its ms per EM iteration",
+            )
             print(f"heat map: {args.out}")
         except ImportError as exc:  # pragma: no cover - matplotlib is in the tune extra
             print(f"no heat map ({exc}); pip install matplotlib", file=sys.stderr)
     if args.json:
-        doc = [{"N": p.N, "D": p.D, "M": p.M, "cvtype": p.cvtype, "dtype": p.dtype,
-                "results": [{"config": m.label, "variant": m.config.variant.name, "status": m.status,
-                             "seconds": m.seconds, "cov_seconds": m.cov_seconds, "samples": m.samples}
-                            for m in ms]} for p, ms in results.items()]
+        doc = [
+            {
+                "N": p.N,
+                "D": p.D,
+                "M": p.M,
+                "cvtype": p.cvtype,
+                "dtype": p.dtype,
+                "results": [
+                    {
+                        "config": m.label,
+                        "variant": m.config.variant.name,
+                        "status": m.status,
+                        "seconds": m.seconds,
+                        "cov_seconds": m.cov_seconds,
+                        "samples": m.samples,
+                    }
+                    for m in ms
+                ],
+            }
+            for p, ms in results.items()
+        ]
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0
@@ -131,14 +171,18 @@ def cmd_history(args) -> int:
             print(f"  device {dev}: {fp.get('backend', '?')} {fp.get('model', '')}  {n} rows")
         rows = h.rows(newest_first=True, limit=args.limit)
         if rows:
-            print(f"{'when (UTC)':19}  {'device':16}  {'variant':28} {'N':>8} {'D':>4} {'M':>4} "
-                  f"{'cv':4} {'dtype':7} {'status':14} {'ms/iter':>9} {'reps':>4}")
+            print(
+                f"{'when (UTC)':19}  {'device':16}  {'variant':28} {'N':>8} {'D':>4} {'M':>4} "
+                f"{'cv':4} {'dtype':7} {'status':14} {'ms/iter':>9} {'reps':>4}"
+            )
         for r in rows:
             tun = r.variant.tunables_dict
             label = r.variant.name + ("(" + ",".join(f"{k}={v}" for k, v in sorted(tun.items())) + ")" if tun else "")
             ms = f"{1e3 * r.seconds:.3f}" if r.seconds is not None else "-"
-            print(f"{r.created_at:%Y-%m-%d %H:%M:%S}  {r.device_id:16}  {label[:28]:28} {r.N:8d} {r.D:4d} {r.M:4d} "
-                  f"{r.cvtype:4} {r.dtype:7} {r.status:14} {ms:>9} {r.repeats:4d}")
+            print(
+                f"{r.created_at:%Y-%m-%d %H:%M:%S}  {r.device_id:16}  {label[:28]:28} {r.N:8d} {r.D:4d} {r.M:4d} "
+                f"{r.cvtype:4} {r.dtype:7} {r.status:14} {ms:>9} {r.repeats:4d}"
+            )
         return 0
     if args.action == "why":
         return _why(args)
@@ -173,6 +217,7 @@ def _why(args) -> int:
     from . import selection
     from .problem import Problem
     from .specializer import Specializer
+
     backend = _backend(args.backend)
     sp = Specializer(backend)
     p = Problem(args.N, args.D, args.M, args.cvtype, args.dtype)
@@ -181,8 +226,9 @@ def _why(args) -> int:
     if plan.why:
         print(f"  why: {plan.why}")
     if plan.explore:
-        print(f"  explores first (one iteration each, on a sample at large N): "
-              f"{', '.join(c.label for c in plan.explore)}")
+        print(
+            f"  explores first (one iteration each, on a sample at large N): {', '.join(c.label for c in plan.explore)}"
+        )
     if plan.pruned:
         print(f"  not explored (predicted far slower): {', '.join(c.label for c in plan.pruned)}")
     return 0
@@ -192,10 +238,11 @@ def _why(args) -> int:
 def cmd_info(args) -> int:
     from . import __version__, backends, cache, registry
     from .tuning_db import SCHEMA_VERSION, default_url
+
     print(f"asp_gmm {__version__}")
     try:
         print(f"cache folder: {cache.cache_dir()}")
-    except OSError as exc:      # info reports, it does not fail
+    except OSError as exc:  # info reports, it does not fail
         print(f"cache folder: unusable: {exc}")
     print(f"database URL: {default_url(settings().db)}  (schema version {SCHEMA_VERSION}; set ASP_GMM_DB to change it)")
     try:
@@ -203,8 +250,7 @@ def cmd_info(args) -> int:
         print(f"  {h.count()} timings of {len(h.devices())} device(s)")
     except Exception as exc:  # noqa: BLE001 - info reports, it does not fail
         print(f"  cannot be opened: {exc}")
-    print(f"autotuning: {'on' if settings().autotune else 'off'}"
-          " (ASP_GMM_AUTOTUNE)")
+    print(f"autotuning: {'on' if settings().autotune else 'off'} (ASP_GMM_AUTOTUNE)")
     names = [args.backend] if args.backend else list(backends._BACKENDS)
     for name in names:
         reason = backends.unavailable_reason(name)
@@ -230,7 +276,9 @@ def cmd_info(args) -> int:
                 continue
             print(f"    cvtypes {', '.join(v.cvtypes)}; dtypes {', '.join(v.dtypes)}")
             if v.tunables:
-                print("    tunables: " + "; ".join(f"{k} in {vals} (default {vals[0]})" for k, vals in v.tunables.items()))
+                print(
+                    "    tunables: " + "; ".join(f"{k} in {vals} (default {vals[0]})" for k, vals in v.tunables.items())
+                )
             for lim in v.limits:
                 print(f"    limit: {lim.require}  ({lim.reason})")
     if not args.verbose:
@@ -265,8 +313,9 @@ def _grid(text: str) -> list:
         try:
             out.append(_positive_int(p))
         except argparse.ArgumentTypeError:
-            raise argparse.ArgumentTypeError(f"{p.strip()!r} is not a positive integer"
-                                             + (f" (in {text!r})" if len(parts) > 1 else "")) from None
+            raise argparse.ArgumentTypeError(
+                f"{p.strip()!r} is not a positive integer" + (f" (in {text!r})" if len(parts) > 1 else "")
+            ) from None
     return out
 
 
@@ -284,8 +333,13 @@ class _Help(argparse.HelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if (not action.option_strings or action.required or action.default is argparse.SUPPRESS
-                or action.nargs == 0 or "default" in text):
+        if (
+            not action.option_strings
+            or action.required
+            or action.default is argparse.SUPPRESS
+            or action.nargs == 0
+            or "default" in text
+        ):
             return text
         d = action.default
         shown = '""' if d == "" else "none" if d is None else ",".join(map(str, d)) if isinstance(d, list) else str(d)
@@ -294,24 +348,35 @@ class _Help(argparse.HelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
+
     fmt = _Help
-    ap = argparse.ArgumentParser(prog="asp-gmm", description="asp_gmm: tune variants, manage the tuning history",
-                                 formatter_class=fmt)
+    ap = argparse.ArgumentParser(
+        prog="asp-gmm", description="asp_gmm: tune variants, manage the tuning history", formatter_class=fmt
+    )
     ap.add_argument("--version", action="version", version=f"asp-gmm (asp_gmm) {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("tune", help="measure every variant over a grid of problems and record the timings",
-                       formatter_class=fmt)
+    t = sub.add_parser(
+        "tune", help="measure every variant over a grid of problems and record the timings", formatter_class=fmt
+    )
     t.add_argument("--N", required=True, type=_grid, help="events, comma-separated (e.g. 10000,100000 or 1e4,1e5)")
     t.add_argument("--D", required=True, type=_grid, help="dimensions, comma-separated")
     t.add_argument("--M", required=True, type=_grid, help="components, comma-separated (each at most every N)")
     t.add_argument("--cvtype", default="full", type=_cvtypes, help="full, diag or full,diag")
     t.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="working precision")
     t.add_argument("--backend", default="c", choices=["c", "cuda", "numpy", "auto"], help="where the variants run")
-    t.add_argument("--repeats", type=_positive_int, default=5,
-                   help="EM iterations timed per configuration (the median is kept); fewer than 3 is noise")
-    t.add_argument("--max-seconds", type=float, default=None,
-                   help="stop repeating a configuration once it has used this many seconds")
+    t.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=5,
+        help="EM iterations timed per configuration (the median is kept); fewer than 3 is noise",
+    )
+    t.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop repeating a configuration once it has used this many seconds",
+    )
     t.add_argument("--tunables", action="store_true", help="also every combination of the variants' tunables")
     t.add_argument("--variants", default="", help="only these variants, comma-separated (empty: every one)")
     t.add_argument("--baseline", default="V1", help="variant the gain is measured against")
@@ -321,13 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(fn=cmd_tune)
 
-    h = sub.add_parser("history", help="list, export, import, repair or clear the tuning history",
-                       formatter_class=fmt)
+    h = sub.add_parser("history", help="list, export, import, repair or clear the tuning history", formatter_class=fmt)
     hs = h.add_subparsers(dest="action", required=True)
     hl = hs.add_parser("list", help="devices and the newest timings", formatter_class=fmt)
     hl.add_argument("--limit", type=_positive_int, default=50, help="timings shown, newest first")
-    hw = hs.add_parser("why", help="which configuration train() would run for a problem on this device, and why",
-                       formatter_class=fmt)
+    hw = hs.add_parser(
+        "why", help="which configuration train() would run for a problem on this device, and why", formatter_class=fmt
+    )
     hw.add_argument("--N", type=_positive_int, required=True, help="events")
     hw.add_argument("--D", type=_positive_int, required=True, help="dimensions")
     hw.add_argument("--M", type=_positive_int, required=True, help="components")
@@ -336,18 +401,29 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--backend", default="c", help="c or cuda")
     he = hs.add_parser("export", help="write the whole history to a JSON file", formatter_class=fmt)
     he.add_argument("file", help="JSON file to write")
-    hi = hs.add_parser("import", help="add the rows of an exported JSON file (same schema version; checked "
-                                      "whole before anything is written)", formatter_class=fmt)
+    hi = hs.add_parser(
+        "import",
+        help="add the rows of an exported JSON file (same schema version; checked whole before anything is written)",
+        formatter_class=fmt,
+    )
     hi.add_argument("file", help="JSON file written by `asp-gmm history export`")
-    hs.add_parser("repair", help="delete damaged rows (values no asp_gmm writes), which reading skips with a "
-                                 "warning", formatter_class=fmt)
+    hs.add_parser(
+        "repair",
+        help="delete damaged rows (values no asp_gmm writes), which reading skips with a warning",
+        formatter_class=fmt,
+    )
     hc = hs.add_parser("clear", help="delete every timing", formatter_class=fmt)
     hc.add_argument("--yes", action="store_true", help="do not ask")
     h.set_defaults(fn=cmd_history)
 
-    i = sub.add_parser("info", help="device fingerprint, cache folder, database URL, variants (--verbose: their "
-                                    "tunables and limits)", formatter_class=fmt)
-    i.add_argument("--backend", default=None, choices=["c", "cuda", "numpy"], help="only this backend (default: every one)")
+    i = sub.add_parser(
+        "info",
+        help="device fingerprint, cache folder, database URL, variants (--verbose: their tunables and limits)",
+        formatter_class=fmt,
+    )
+    i.add_argument(
+        "--backend", default=None, choices=["c", "cuda", "numpy"], help="only this backend (default: every one)"
+    )
     i.add_argument("--verbose", "-v", action="store_true", help="also tunables, limits and the full compiler text")
     i.set_defaults(fn=cmd_info)
     return ap
@@ -360,9 +436,10 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .errors import ASPGMMError
-    from .tuning_db import HistoryError   # the history's own base class (asp_gmm.errors derives from it)
+    from .tuning_db import HistoryError  # the history's own base class (asp_gmm.errors derives from it)
+
     with warnings.catch_warnings():
-        warnings.showwarning = _show_warning      # one line each, not the source line that warned
+        warnings.showwarning = _show_warning  # one line each, not the source line that warned
         try:
             return args.fn(args)
         except (HistoryError, ASPGMMError, ValueError, OSError) as exc:
@@ -374,8 +451,11 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - never a raw traceback; ASP_GMM_DEBUG=1 shows it
             if settings().debug:
                 raise
-            print(f"asp-gmm {args.command}: unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
-                  "ASP_GMM_DEBUG=1 shows the traceback)", file=sys.stderr)
+            print(
+                f"asp-gmm {args.command}: unexpected {type(exc).__name__}: {exc} (a bug: please report it; "
+                "ASP_GMM_DEBUG=1 shows the traceback)",
+                file=sys.stderr,
+            )
             return 1
 
 

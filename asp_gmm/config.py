@@ -8,6 +8,7 @@ and meanings as :data:`SETTINGS` (``tests/test_config.py`` checks that they agre
 ``asp_gmm.tuning_db`` imports nothing of ``asp_gmm``: its ``default_url`` takes the value from
 ``Settings.db`` when the package opens the history.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,16 +25,23 @@ SETTINGS = {
     "ASP_GMM_CC": ("`$CC`, else `gcc`", "C compiler command (may carry flags)"),
     "ASP_GMM_NUM_THREADS": ("`$OMP_NUM_THREADS`, else all cores", "CPU threads for large problems"),
     "ASP_GMM_NVCC": ("nvcc on PATH, else /usr/local/cuda/bin/nvcc", "nvcc command (may carry flags)"),
-    "ASP_GMM_NVRTC": ("NVRTC when present", "`0`: compile CUDA with nvcc even where NVRTC (cuda-bindings) is installed"),
+    "ASP_GMM_NVRTC": (
+        "NVRTC when present",
+        "`0`: compile CUDA with nvcc even where NVRTC (cuda-bindings) is installed",
+    ),
     "ASP_GMM_CUDA_DEVICE": ("0", "ordinal of the GPU the CUDA backend uses"),
     "ASP_GMM_CUDA_ESTEP": ("unset (the policy chooses)", "pins the CUDA E-step variant by name"),
     "ASP_GMM_CUDA_SYNC": ("off", "`1`: synchronise after every CUDA launch (debugging)"),
     "ASP_GMM_DEBUG": ("off", "`1`: the CLI shows tracebacks of unexpected errors"),
-    "ASP_GMM_DEVICE_BUDGET": ("`ASP_GMM_MEMORY_FRACTION` of free memory",
-                              "bytes an in-memory fit may take on the device; larger X is streamed"),
+    "ASP_GMM_DEVICE_BUDGET": (
+        "`ASP_GMM_MEMORY_FRACTION` of free memory",
+        "bytes an in-memory fit may take on the device; larger X is streamed",
+    ),
     "ASP_GMM_MEMORY_FRACTION": ("0.5", "share of the device's free memory that is the budget"),
-    "ASP_GMM_BLOCK_BYTES": ("last-level cache, at least 8 MiB (C); 1 GiB (CUDA); 64 MiB (others)",
-                            "data and posteriors per block of streamed EM"),
+    "ASP_GMM_BLOCK_BYTES": (
+        "last-level cache, at least 8 MiB (C); 1 GiB (CUDA); 64 MiB (others)",
+        "data and posteriors per block of streamed EM",
+    ),
     "ASP_GMM_CHUNK_BYTES": ("64 MiB", "bytes read at a time from an array-like source (rounded to its chunking)"),
     "ASP_GMM_PROGRESS": ("`auto`", "progress bar of streamed fits: `auto`, `1`, `0`"),
 }
@@ -77,15 +85,26 @@ class Settings:
             return (env.get(name) or "").strip()
 
         return cls(
-            cache_dir=get("ASP_GMM_CACHE_DIR"), cache_trust=get("ASP_GMM_CACHE_TRUST"), db=get("ASP_GMM_DB"),
-            autotune=get("ASP_GMM_AUTOTUNE").lower() not in _FALSE, cc=get("ASP_GMM_CC"),
-            num_threads=get("ASP_GMM_NUM_THREADS"), nvcc=get("ASP_GMM_NVCC"),
-            nvrtc=get("ASP_GMM_NVRTC").lower() not in _FALSE, cuda_device=get("ASP_GMM_CUDA_DEVICE"),
-            cuda_estep=get("ASP_GMM_CUDA_ESTEP"), cuda_sync=get("ASP_GMM_CUDA_SYNC") not in ("", "0"),
-            debug=get("ASP_GMM_DEBUG") not in ("", "0"), device_budget=get("ASP_GMM_DEVICE_BUDGET"),
-            memory_fraction=get("ASP_GMM_MEMORY_FRACTION"), block_bytes=get("ASP_GMM_BLOCK_BYTES"),
-            chunk_bytes=get("ASP_GMM_CHUNK_BYTES"), progress=get("ASP_GMM_PROGRESS"), env_cc=get("CC"),
-            omp_num_threads=get("OMP_NUM_THREADS"))
+            cache_dir=get("ASP_GMM_CACHE_DIR"),
+            cache_trust=get("ASP_GMM_CACHE_TRUST"),
+            db=get("ASP_GMM_DB"),
+            autotune=get("ASP_GMM_AUTOTUNE").lower() not in _FALSE,
+            cc=get("ASP_GMM_CC"),
+            num_threads=get("ASP_GMM_NUM_THREADS"),
+            nvcc=get("ASP_GMM_NVCC"),
+            nvrtc=get("ASP_GMM_NVRTC").lower() not in _FALSE,
+            cuda_device=get("ASP_GMM_CUDA_DEVICE"),
+            cuda_estep=get("ASP_GMM_CUDA_ESTEP"),
+            cuda_sync=get("ASP_GMM_CUDA_SYNC") not in ("", "0"),
+            debug=get("ASP_GMM_DEBUG") not in ("", "0"),
+            device_budget=get("ASP_GMM_DEVICE_BUDGET"),
+            memory_fraction=get("ASP_GMM_MEMORY_FRACTION"),
+            block_bytes=get("ASP_GMM_BLOCK_BYTES"),
+            chunk_bytes=get("ASP_GMM_CHUNK_BYTES"),
+            progress=get("ASP_GMM_PROGRESS"),
+            env_cc=get("CC"),
+            omp_num_threads=get("OMP_NUM_THREADS"),
+        )
 
     # ------------------------------------------------------------------ derived values
     def c_compiler(self) -> list:
@@ -94,8 +113,9 @@ class Settings:
 
     def c_compiler_origin(self) -> str:
         """Where :meth:`c_compiler` comes from, for messages."""
-        return ("from ASP_GMM_CC" if self.cc else "from CC" if self.env_cc
-                else "the default; ASP_GMM_CC and CC are not set")
+        return (
+            "from ASP_GMM_CC" if self.cc else "from CC" if self.env_cc else "the default; ASP_GMM_CC and CC are not set"
+        )
 
     def threads(self) -> int | None:
         """Threads asked for (``ASP_GMM_NUM_THREADS``, else ``OMP_NUM_THREADS``), ``None`` when unset or

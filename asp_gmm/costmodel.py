@@ -12,6 +12,7 @@ predicted configuration is within ``tolerance`` of the class's measured best. Th
 (:mod:`asp_gmm.selection`) uses the cost model for unseen shapes only where it scores at least
 as well as the nearest-neighbour rule on the same history.
 """
+
 from __future__ import annotations
 
 import math

@@ -7,13 +7,14 @@ them for NaN and infinity and compute the seeding statistics on the device with 
 library (PyTorch or CuPy; other producers are read back to the host in row chunks for that), and copy
 them to the host when the backend is not CUDA.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from .errors import ASPGMMError
 
-_KDL_CUDA = (2, 13)     # DLPack device types: kDLCUDA, kDLCUDAManaged
+_KDL_CUDA = (2, 13)  # DLPack device types: kDLCUDA, kDLCUDAManaged
 
 
 class CudaArrayError(ASPGMMError, ValueError):
@@ -50,8 +51,10 @@ def as_interface(X):
             return lib.from_dlpack(X)
         except ImportError:
             continue
-    raise CudaArrayError(f"{type(X).__name__} is a DLPack CUDA array but neither CuPy nor PyTorch is installed to "
-                         "view it; pass a CuPy array or a PyTorch tensor")
+    raise CudaArrayError(
+        f"{type(X).__name__} is a DLPack CUDA array but neither CuPy nor PyTorch is installed to "
+        "view it; pass a CuPy array or a PyTorch tensor"
+    )
 
 
 def describe(X) -> dict:
@@ -61,7 +64,8 @@ def describe(X) -> dict:
     dtype = np.dtype(iface["typestr"])
     strides = iface.get("strides")
     contiguous = strides is None or tuple(strides) == tuple(
-        int(np.prod(shape[i + 1:], dtype=np.int64)) * dtype.itemsize for i in range(len(shape)))
+        int(np.prod(shape[i + 1 :], dtype=np.int64)) * dtype.itemsize for i in range(len(shape))
+    )
     return {"ptr": int(iface["data"][0]), "shape": shape, "dtype": dtype, "contiguous": contiguous}
 
 
@@ -71,7 +75,7 @@ def to_host(X) -> np.ndarray:
     lib = _lib(X)
     if lib == "torch":
         return X.detach().cpu().numpy()
-    if hasattr(X, "get"):          # CuPy, numba device arrays
+    if hasattr(X, "get"):  # CuPy, numba device arrays
         return X.get() if lib == "cupy" else X.copy_to_host()
     if hasattr(X, "copy_to_host"):
         return X.copy_to_host()
@@ -88,12 +92,16 @@ def in_dtype(X, dtype):
     lib = _lib(X)
     if lib == "torch":
         import torch
+
         return X.to(getattr(torch, dtype.name)).contiguous()
     if lib == "cupy":
         import cupy
+
         return cupy.ascontiguousarray(X, dtype=dtype)
-    raise CudaArrayError(f"the CUDA array has dtype {info['dtype']}{'' if info['contiguous'] else ', not C-contiguous'}"
-                         f"; pass a C-contiguous {dtype.name} array")
+    raise CudaArrayError(
+        f"the CUDA array has dtype {info['dtype']}{'' if info['contiguous'] else ', not C-contiguous'}"
+        f"; pass a C-contiguous {dtype.name} array"
+    )
 
 
 def _row_chunks(X, rows=1 << 20):
@@ -101,7 +109,7 @@ def _row_chunks(X, rows=1 << 20):
     lib = _lib(X)
     n = describe(X)["shape"][0]
     for a in range(0, n, rows):
-        part = X[a:a + rows]
+        part = X[a : a + rows]
         if lib == "torch":
             yield part.double()
         elif lib == "cupy":
@@ -119,6 +127,7 @@ def first_non_finite(X):
     for part in _row_chunks(X):
         if lib == "torch":
             import torch
+
             bad = (~torch.isfinite(part)).reshape(-1)
             flat = int(torch.argmax(bad.to(torch.uint8))) if bool(bad.any()) else None
         else:
@@ -157,8 +166,10 @@ def rows(X, index) -> np.ndarray:
     lib = _lib(X)
     if lib == "torch":
         import torch
+
         return X[torch.as_tensor(np.asarray(index), device=X.device)].detach().cpu().numpy()
     if lib == "cupy":
         import cupy
+
         return X[cupy.asarray(np.asarray(index))].get()
-    return np.stack([to_host(X[int(i):int(i) + 1])[0] for i in index])
+    return np.stack([to_host(X[int(i) : int(i) + 1])[0] for i in index])

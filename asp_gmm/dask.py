@@ -14,6 +14,7 @@ one worker process per GPU with its own ``CUDA_VISIBLE_DEVICES``). CPU workers: 
 
 Requires ``dask[array]`` and ``distributed`` (``pip install asp_gmm[dask]``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -95,6 +96,7 @@ def _runner(backend: str, problem: Problem, variant):
     hit = cache.get(key)
     if hit is None:
         from .specializer import Specializer
+
         spec = Specializer(backend)
         sp = streaming.plan(spec, problem, variant)
         hit = cache[key] = spec.backend.open_stats(sp.problem, sp.kernel)
@@ -109,8 +111,9 @@ def block_stats(block, params, problem: Problem, backend: str, variant, chunk_in
     runner.set_params(w, mu, cv, reg)
     st = streaming.SuffStats(problem.M, problem.D, problem.cvtype, mu)
     src = streaming.ArraySource(np.asarray(block), chunk_rows=max(int(block.shape[0]), 1))
-    for _start, blk in streaming.blocks(src, problem.D, problem.np_dtype, runner.problem.N,
-                                        first_chunk=chunk_index, first_row=first_row):
+    for _start, blk in streaming.blocks(
+        src, problem.D, problem.np_dtype, runner.problem.N, first_chunk=chunk_index, first_row=first_row
+    ):
         st.add_block(runner.stats(blk))
     return st
 
@@ -138,7 +141,7 @@ def add_seed_sums(*parts):
 # ------------------------------------------------------------------------------ on the client
 def _tree(dask, items, fn, split_every: int):
     while len(items) > 1:
-        items = [dask.delayed(fn, pure=True)(*items[i:i + split_every]) for i in range(0, len(items), split_every)]
+        items = [dask.delayed(fn, pure=True)(*items[i : i + split_every]) for i in range(0, len(items), split_every)]
     return items[0]
 
 
@@ -151,8 +154,10 @@ def _compute(dask, obj, client):
 def _check_array(X, D):
     dask, da = _dask()
     if not isinstance(X, da.Array):
-        raise DaskInputError(f"asp_gmm.dask.fit needs a dask.array.Array, got {type(X).__name__}; wrap it with "
-                             "dask.array.from_array(X, chunks=(rows, -1)), or call GMM.train for in-memory data")
+        raise DaskInputError(
+            f"asp_gmm.dask.fit needs a dask.array.Array, got {type(X).__name__}; wrap it with "
+            "dask.array.from_array(X, chunks=(rows, -1)), or call GMM.train for in-memory data"
+        )
     if X.ndim != 2:
         raise DaskInputError(f"X must be 2-D (N events, D dimensions), got shape {X.shape}")
     if X.dtype.kind != "f":
@@ -162,14 +167,31 @@ def _check_array(X, D):
     if any(np.isnan(c) for c in X.chunks[0]):
         raise DaskInputError("X has unknown chunk sizes; call X.compute_chunk_sizes() first")
     if len(X.chunks[1]) > 1:
-        X = X.rechunk({1: -1})   # whole rows per block
+        X = X.rechunk({1: -1})  # whole rows per block
     return X
 
 
-def fit(X, M: int, *, cvtype: str = "full", dtype=np.float32, weights=None, means=None, covars=None,
-        reg_covar: float = 1e-6, min_iters: int = 1, max_iters: int = 10, tol: float = 1e-3,
-        backend: str = "auto", variant: str | None = None, seed=None, client=None, split_every: int = 8,
-        progress: bool | None = None, callback=None) -> DaskFitResult:
+def fit(
+    X,
+    M: int,
+    *,
+    cvtype: str = "full",
+    dtype=np.float32,
+    weights=None,
+    means=None,
+    covars=None,
+    reg_covar: float = 1e-6,
+    min_iters: int = 1,
+    max_iters: int = 10,
+    tol: float = 1e-3,
+    backend: str = "auto",
+    variant: str | None = None,
+    seed=None,
+    client=None,
+    split_every: int = 8,
+    progress: bool | None = None,
+    callback=None,
+) -> DaskFitResult:
     """Train a Gaussian mixture on a Dask array with the specialized kernels on every worker.
 
     Parameters
@@ -234,16 +256,55 @@ def fit(X, M: int, *, cvtype: str = "full", dtype=np.float32, weights=None, mean
     elif client is None:
         try:
             from distributed import get_client
+
             client = get_client()
         except (ImportError, ValueError):
             client = None
     with local:
-        return _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, max_iters, tol, backend,
-                    variant, seed, client, split_every, progress, callback)
+        return _fit(
+            dask,
+            X,
+            M,
+            cvtype,
+            dt,
+            weights,
+            means,
+            covars,
+            reg_covar,
+            min_iters,
+            max_iters,
+            tol,
+            backend,
+            variant,
+            seed,
+            client,
+            split_every,
+            progress,
+            callback,
+        )
 
 
-def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, max_iters, tol, backend, variant,
-         seed, client, split_every, progress, callback):
+def _fit(
+    dask,
+    X,
+    M,
+    cvtype,
+    dt,
+    weights,
+    means,
+    covars,
+    reg_covar,
+    min_iters,
+    max_iters,
+    tol,
+    backend,
+    variant,
+    seed,
+    client,
+    split_every,
+    progress,
+    callback,
+):
     N, D = int(X.shape[0]), int(X.shape[1])
     t_start = time.perf_counter()
     parts = X.to_delayed().ravel()
@@ -270,12 +331,16 @@ def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, m
         params = (w, mu, cv, float(reg_covar))
         if client is not None:
             params = client.scatter(params, broadcast=True, hash=False)
-        tasks = [dask.delayed(block_stats, pure=True)(p, params, problem, backend, variant, i, int(s))
-                 for i, (p, s) in enumerate(zip(parts, starts))]
+        tasks = [
+            dask.delayed(block_stats, pure=True)(p, params, problem, backend, variant, i, int(s))
+            for i, (p, s) in enumerate(zip(parts, starts))
+        ]
         st = _compute(dask, _tree(dask, tasks, combine, split_every), client)
         if not np.isfinite(st.loglik):
-            raise NonFiniteError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
-                                     "components, or scale the data")
+            raise NonFiniteError(
+                f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
+                "components, or scale the data"
+            )
         bar.end(k, st, k)
         return st, time.perf_counter() - t0
 
@@ -285,7 +350,7 @@ def _fit(dask, X, M, cvtype, dt, weights, means, covars, reg_covar, min_iters, m
     ll, trace, secs, iters, converged = st.loglik, [st.loglik], [sec], 0, False
     while iters < max_iters:
         w, mu, cv = st.mstep(mu, cv, reg_covar)
-        try:   # NotPositiveDefiniteError here, not on every worker
+        try:  # NotPositiveDefiniteError here, not on every worker
             precision_cholesky(cv, cvtype, reg_covar)
         except NotPositiveDefiniteError as exc:
             raise from_reference(exc) from None
@@ -320,13 +385,15 @@ def _seed(dask, X, parts, M, cvtype, dt, reg_covar, seed, client, split_every):
     if cvtype == "full":
         cov = 0.5 * (cov + cov.T) + reg_covar * np.eye(D)
         if np.any(np.diag(cov) <= 0):
-            raise DaskInputError("the data has zero variance in some dimension; increase reg_covar or drop constant "
-                                 "features")
+            raise DaskInputError(
+                "the data has zero variance in some dimension; increase reg_covar or drop constant features"
+            )
         covars = np.repeat(cov[None], M, axis=0)
     else:
         if np.any(cov + reg_covar <= 0):
-            raise DaskInputError("the data has zero variance in some dimension; increase reg_covar or drop constant "
-                                 "features")
+            raise DaskInputError(
+                "the data has zero variance in some dimension; increase reg_covar or drop constant features"
+            )
         covars = np.repeat((cov + reg_covar)[None], M, axis=0)
     covars = covars.astype(dt).astype(np.float64)
     return np.full(M, 1.0 / M, dtype=dt).astype(np.float64), means, covars
@@ -340,6 +407,7 @@ def gpu_count() -> int:
         return len([v for v in vis.split(",") if v.strip() and v.strip() != "-1"])
     try:
         import pycuda.driver as drv
+
         drv.init()
         return drv.Device.count()
     except Exception:  # noqa: BLE001 - no pycuda or no driver
@@ -350,11 +418,13 @@ def gpu_worker_specs(n_gpus: int, threads_per_worker: int = 1) -> dict:
     """``distributed.SpecCluster`` worker specs: one nanny-managed worker process per GPU, each seeing
     only its GPU through ``CUDA_VISIBLE_DEVICES`` (used where dask-cuda is not installed)."""
     from distributed import Nanny
+
     vis = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [v.strip() for v in vis.split(",") if v.strip()] if vis else [str(i) for i in range(n_gpus)]
-    return {f"gpu-{i}": {"cls": Nanny, "options": {"nthreads": threads_per_worker,
-                                                     "env": {"CUDA_VISIBLE_DEVICES": ids[i]}}}
-            for i in range(n_gpus)}
+    return {
+        f"gpu-{i}": {"cls": Nanny, "options": {"nthreads": threads_per_worker, "env": {"CUDA_VISIBLE_DEVICES": ids[i]}}}
+        for i in range(n_gpus)
+    }
 
 
 def gpu_cluster(n_gpus: int | None = None, **kwargs):
@@ -363,12 +433,16 @@ def gpu_cluster(n_gpus: int | None = None, **kwargs):
     the cluster class. Use it as ``with gpu_cluster() as cluster, Client(cluster) as client:``."""
     n = gpu_count() if n_gpus is None else int(n_gpus)
     if n < 1:
-        raise DaskInputError("no GPU is visible here (CUDA_VISIBLE_DEVICES or the CUDA driver); use a "
-                             "distributed.LocalCluster of CPU workers instead")
+        raise DaskInputError(
+            "no GPU is visible here (CUDA_VISIBLE_DEVICES or the CUDA driver); use a "
+            "distributed.LocalCluster of CPU workers instead"
+        )
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError:
         from distributed import Scheduler, SpecCluster
-        return SpecCluster(workers=gpu_worker_specs(n), scheduler={"cls": Scheduler, "options": {"dashboard_address": None}},
-                           **kwargs)
+
+        return SpecCluster(
+            workers=gpu_worker_specs(n), scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}, **kwargs
+        )
     return LocalCUDACluster(n_workers=n, **kwargs)

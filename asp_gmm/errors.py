@@ -27,6 +27,7 @@ Hierarchy::
     └── CacheError                 (OSError)
         └── UnsafeCacheError       (PermissionError)
 """
+
 from __future__ import annotations
 
 from . import reference as _reference
@@ -76,7 +77,8 @@ class CompileError(ASPGMMError):
         what = f"variant {variant}" if variant else "rendered source"
         super().__init__(
             f"compiling {what} failed.\n  command: {' '.join(map(str, self.command))}\n"
-            f"  rendered source: {source_path}\n  compiler output:\n{output.rstrip()}")
+            f"  rendered source: {source_path}\n  compiler output:\n{output.rstrip()}"
+        )
 
 
 class BackendUnavailableError(ASPGMMError):

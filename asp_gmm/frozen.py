@@ -11,6 +11,7 @@ data), and freeze it back, and nothing would tell; trusting it served stale data
 The identity is ``(weakref, address, shape, dtype)``; a dead weak reference means another array now
 lives at that address. Never ``hash()`` or ``id()`` alone: both outlive the object they named.
 """
+
 from __future__ import annotations
 
 import collections
@@ -29,8 +30,8 @@ def identity(X: np.ndarray):
             return None
         a = a.base
     if not isinstance(a, bytes):
-        return None     # memory someone can still write: numpy's own (writeable may be set again),
-                        # an mmap, another library's buffer
+        return None  # memory someone can still write: numpy's own (writeable may be set again),
+        # an mmap, another library's buffer
     try:
         ref = weakref.ref(X)
     except TypeError:

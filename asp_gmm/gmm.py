@@ -3,6 +3,7 @@
 It validates input, owns the public attributes, and hands every computation to the
 :class:`~asp_gmm.specializer.Specializer`; it knows nothing of C, CUDA or databases.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -49,27 +50,37 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
         hint = f" For a single feature use {name}.reshape(-1, 1)." if arr.ndim == 1 else ""
         raise ValueError(f"{name} must be 2-D (N events, D dimensions), got shape {arr.shape}.{hint}")
     if arr.shape[0] == 0:
-        raise ValueError(f"{name} is empty (0 events); pass at least {max(min_events, 1)} events"
-                         + ("" if method == "train" else f" to {call}"))
+        raise ValueError(
+            f"{name} is empty (0 events); pass at least {max(min_events, 1)} events"
+            + ("" if method == "train" else f" to {call}")
+        )
     if D is not None and arr.shape[1] != D:
-        raise ValueError(f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
-                         f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})")
+        raise ValueError(
+            f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
+            f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})"
+        )
     if arr.shape[0] < min_events:
-        raise ValueError(f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
-                         "use fewer components or more data")
+        raise ValueError(
+            f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
+            "use fewer components or more data"
+        )
     given = arr
     with np.errstate(over="ignore"):
         arr = np.ascontiguousarray(arr, dtype=dtype)
     if _FINITE.get(arr):
-        return arr      # immutable and already checked: scoring one data set under many models
+        return arr  # immutable and already checked: scoring one data set under many models
     bad = _first_non_finite(arr)
     if bad is not None:
         if given.dtype != arr.dtype and np.isfinite(given[bad]):
             dt = np.dtype(dtype).name
-            raise ValueError(f"{name} has values beyond the {dt} range (first at row {bad[0]}, column {bad[1]}: "
-                             f"{given[bad]:.3g}); scale the data or use dtype=np.float64")
-        raise ValueError(f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
-                         "remove or impute those events before " + ("training" if method == "train" else call))
+            raise ValueError(
+                f"{name} has values beyond the {dt} range (first at row {bad[0]}, column {bad[1]}: "
+                f"{given[bad]:.3g}); scale the data or use dtype=np.float64"
+            )
+        raise ValueError(
+            f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
+            "remove or impute those events before " + ("training" if method == "train" else call)
+        )
     _FINITE.put(arr, True)
     return arr
 
@@ -83,7 +94,7 @@ def _first_non_finite(arr: np.ndarray):
     """(row, column) of the first NaN or infinity of the C-contiguous 2-D ``arr``, or ``None``."""
     flat = arr.reshape(-1)
     for i in range(0, flat.size, _CHUNK):
-        ok = np.isfinite(flat[i:i + _CHUNK])
+        ok = np.isfinite(flat[i : i + _CHUNK])
         if not ok.all():
             return divmod(i + int(np.argmin(ok)), arr.shape[1])
     return None
@@ -124,10 +135,20 @@ class GMM:
     n_iter, converged, last_variant : results of the last :meth:`train`.
     """
 
-    def __init__(self, M: int, D: int, means: ArrayLike | None = None, covars: ArrayLike | None = None,
-                 weights: ArrayLike | None = None, cvtype: str = "full", dtype: DTypeLike = np.float32,
-                 reg_covar: float = 1e-6, backend: str = "auto", variant: str | None = None,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        M: int,
+        D: int,
+        means: ArrayLike | None = None,
+        covars: ArrayLike | None = None,
+        weights: ArrayLike | None = None,
+        cvtype: str = "full",
+        dtype: DTypeLike = np.float32,
+        reg_covar: float = 1e-6,
+        backend: str = "auto",
+        variant: str | None = None,
+        seed: int | None = None,
+    ) -> None:
         for name, val in (("M", M), ("D", D)):
             if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
@@ -195,9 +216,11 @@ class GMM:
                 var = X64.var(axis=0) + self.reg_covar
                 self.covars = np.repeat(var[None], self.M, axis=0).astype(self.dtype)
             if not np.all(np.isfinite(self.covars)) or np.any(
-                    (np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
-                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
-                                 "drop constant features")
+                (np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0
+            ):
+                raise ValueError(
+                    "the data has zero variance in some dimension; increase reg_covar or drop constant features"
+                )
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
 
@@ -213,15 +236,21 @@ class GMM:
         if shape[0] == 0:
             raise ValueError(f"X is empty (0 events); pass at least {max(min_events, 1)} events{call}")
         if shape[1] != self.D:
-            raise ValueError(f"X has {shape[1]} dimensions but the model has D={self.D}; pass data of shape "
-                             f"(N, {self.D}) or build GMM(M, {shape[1]})")
+            raise ValueError(
+                f"X has {shape[1]} dimensions but the model has D={self.D}; pass data of shape "
+                f"(N, {self.D}) or build GMM(M, {shape[1]})"
+            )
         if shape[0] < min_events:
-            raise ValueError(f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer "
-                             "components or more data")
+            raise ValueError(
+                f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer "
+                "components or more data"
+            )
         bad = cuda_arrays.first_non_finite(X)
         if bad is not None:
-            raise ValueError(f"X contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); remove or impute "
-                             "those events before " + ("training" if method == "train" else f"{method}()"))
+            raise ValueError(
+                f"X contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); remove or impute "
+                "those events before " + ("training" if method == "train" else f"{method}()")
+            )
         return X
 
     def _seed_device(self, X) -> int:
@@ -244,8 +273,9 @@ class GMM:
             else:
                 self.covars = np.repeat((cov + self.reg_covar)[None], self.M, axis=0).astype(self.dtype)
             if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
-                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
-                                 "drop constant features")
+                raise ValueError(
+                    "the data has zero variance in some dimension; increase reg_covar or drop constant features"
+                )
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
         return n
@@ -255,8 +285,10 @@ class GMM:
         one pass (two for a callable source and random means) over the source."""
         src = streaming.as_source(X)
         if src.n_features is not None and src.n_features != self.D:
-            raise StreamError(f"X has {src.n_features} dimensions but the model has D={self.D}; pass data of shape "
-                              f"(N, {self.D}) or build GMM(M, {src.n_features})")
+            raise StreamError(
+                f"X has {src.n_features} dimensions but the model has D={self.D}; pass data of shape "
+                f"(N, {self.D}) or build GMM(M, {src.n_features})"
+            )
         if self.means is not None and self.covars is not None and self.weights is not None:
             return src, src.n_rows or 0
         n, means, covars = streaming.seed(src, self.M, self.D, self.cvtype, self.dtype, self.reg_covar, self.seed)
@@ -267,8 +299,9 @@ class GMM:
         if self.covars is None:
             self.covars = covars.astype(self.dtype)
             if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
-                raise ValueError("the data has zero variance in some dimension; increase reg_covar or "
-                                 "drop constant features")
+                raise ValueError(
+                    "the data has zero variance in some dimension; increase reg_covar or drop constant features"
+                )
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
         return src, n
@@ -285,22 +318,34 @@ class GMM:
         top = float(np.max(var)) if var.size else 0.0
         big = float(np.finfo(self.dtype).max)
         if not np.isfinite(top) or top * (1.0 + 1e-6) >= big:
-            how = ("scale the data (e.g. X / X.std(axis=0)) or use dtype=np.float64" if self.dtype == np.float32
-                   else "scale the data (e.g. X / X.std(axis=0))")
+            how = (
+                "scale the data (e.g. X / X.std(axis=0)) or use dtype=np.float64"
+                if self.dtype == np.float32
+                else "scale the data (e.g. X / X.std(axis=0))"
+            )
             shown = f"{top:.3g}" if np.isfinite(top) else "beyond float64"
-            raise ValueError(f"the data's scale overflows {self.dtype.name}: its variance reaches {shown}, more than "
-                             f"the largest {self.dtype.name} ({big:.3g}); {how}")
+            raise ValueError(
+                f"the data's scale overflows {self.dtype.name}: its variance reaches {shown}, more than "
+                f"the largest {self.dtype.name} ({big:.3g}); {how}"
+            )
 
     def _params64(self, method: str = "train"):
         if self.means is None or self.covars is None or self.weights is None:
-            raise RuntimeError("the model has no parameters yet: call train(X) first or pass means, covars and "
-                               f"weights ({method}() needs them)")
-        return (self.weights.astype(np.float64), self.means.astype(np.float64),
-                self.covars.astype(np.float64))
+            raise RuntimeError(
+                "the model has no parameters yet: call train(X) first or pass means, covars and "
+                f"weights ({method}() needs them)"
+            )
+        return (self.weights.astype(np.float64), self.means.astype(np.float64), self.covars.astype(np.float64))
 
     # ------------------------------------------------------------------ public API
-    def train(self, X: ArrayLike, min_em_iters: int = 1, max_em_iters: int = 10, tol: float = 1e-3,
-              progress: bool | None = None) -> float:
+    def train(
+        self,
+        X: ArrayLike,
+        min_em_iters: int = 1,
+        max_em_iters: int = 10,
+        tol: float = 1e-3,
+        progress: bool | None = None,
+    ) -> float:
         """Run EM on X; the first call seeds missing parameters, later calls warm-start.
 
         Parameters
@@ -330,24 +375,35 @@ class GMM:
         for name, val in (("min_em_iters", min_em_iters), ("max_em_iters", max_em_iters)):
             if not isinstance(val, numbers.Integral) or val < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
-        if min_em_iters > max(max_em_iters, 1):   # (1, 0), the default minimum, only evaluates
-            raise ValueError(f"min_em_iters={min_em_iters} is larger than max_em_iters={max_em_iters}; "
-                             "pass min_em_iters <= max_em_iters")
+        if min_em_iters > max(max_em_iters, 1):  # (1, 0), the default minimum, only evaluates
+            raise ValueError(
+                f"min_em_iters={min_em_iters} is larger than max_em_iters={max_em_iters}; "
+                "pass min_em_iters <= max_em_iters"
+            )
         if not (isinstance(tol, numbers.Real) and tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
         if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
-            X = self._cuda_data(X, "train", self.M)   # used where it lies
+            X = self._cuda_data(X, "train", self.M)  # used where it lies
             N = self._seed_device(X)
         elif streaming.is_source(X):
             X, N = self._seed_stream(X)
         else:
-            if cuda_arrays.is_cuda_array(X):   # another backend than CUDA: its data lives on the host
+            if cuda_arrays.is_cuda_array(X):  # another backend than CUDA: its data lives on the host
                 X = cuda_arrays.to_host(X)
             X = check_data(X, self.D, self.dtype, self.M)
             self._seed(X)
             N = X.shape[0]
-        res = self._specializer.train(X, *self._params64(), self._problem(N), self.reg_covar,
-                                      int(min_em_iters), int(max_em_iters), float(tol), self.variant, progress)
+        res = self._specializer.train(
+            X,
+            *self._params64(),
+            self._problem(N),
+            self.reg_covar,
+            int(min_em_iters),
+            int(max_em_iters),
+            float(tol),
+            self.variant,
+            progress,
+        )
         N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)
         self.means = res.means.astype(self.dtype)
@@ -384,14 +440,14 @@ class GMM:
             X = self._cuda_data(X, method)
             N = cuda_arrays.describe(X)["shape"][0]
         else:
-            X = check_data(cuda_arrays.to_host(X) if cuda_arrays.is_cuda_array(X) else X, self.D, self.dtype,
-                           method=method)
+            X = check_data(
+                cuda_arrays.to_host(X) if cuda_arrays.is_cuda_array(X) else X, self.D, self.dtype, method=method
+            )
             N = X.shape[0]
         return self._specializer.evaluate(X, *self._params64(method), self._problem(N), self.reg_covar, want_resp)
 
     def __repr__(self):
-        return (f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, "
-                f"backend={self.backend!r})")
+        return f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, backend={self.backend!r})"
 
 
 #: Below this many multiply-adds a BLAS call runs on one thread: the first call of a threaded BLAS
@@ -409,8 +465,9 @@ def _small_blas(work: float):
         yield
 
 
-def prepare(D: int, M, cvtype: str = "full", dtype: DTypeLike = np.float32, backend: str = "auto",
-            N: int = 10_000) -> int:
+def prepare(
+    D: int, M, cvtype: str = "full", dtype: DTypeLike = np.float32, backend: str = "auto", N: int = 10_000
+) -> int:
     """Compile, or load from the cache, what ``train``/``score`` of these shapes will run, so that
     the first real calls do not pay for it (e.g. before starting a clock, or before a batch of many
     small models of varying M).
@@ -444,8 +501,16 @@ def prepare(D: int, M, cvtype: str = "full", dtype: DTypeLike = np.float32, back
     return spec.prepare_many([Problem(int(N), int(D), int(m), cvtype, dt) for m in Ms])
 
 
-def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X: ArrayLike, X1: ArrayLike | None = None, X2: ArrayLike | None = None,
-                         min_em_iters: int = 1, max_em_iters: int = 10, tol: float = 1e-3) -> tuple[GMM, float]:
+def compute_distance_BIC(
+    gmm1: GMM,
+    gmm2: GMM,
+    X: ArrayLike,
+    X1: ArrayLike | None = None,
+    X2: ArrayLike | None = None,
+    min_em_iters: int = 1,
+    max_em_iters: int = 10,
+    tol: float = 1e-3,
+) -> tuple[GMM, float]:
     """Merge two models and score the merge (the agglomerative-clustering distance).
 
     The merged model has ``M1 + M2`` components initialised from both models, their weights scaled
@@ -484,9 +549,16 @@ def compute_distance_BIC(gmm1: GMM, gmm2: GMM, X: ArrayLike, X1: ArrayLike | Non
             parts.append((g.loglik, g.n_events))
     (l1, n1), (l2, n2) = parts
     w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
-    merged = GMM(gmm1.M + gmm2.M, gmm1.D, means=np.concatenate([gmm1.means, gmm2.means]),
-                 covars=np.concatenate([gmm1.covars, gmm2.covars]), weights=w / w.sum(),
-                 cvtype=gmm1.cvtype, dtype=gmm1.dtype, reg_covar=gmm1.reg_covar,
-                 backend=gmm1.backend)
+    merged = GMM(
+        gmm1.M + gmm2.M,
+        gmm1.D,
+        means=np.concatenate([gmm1.means, gmm2.means]),
+        covars=np.concatenate([gmm1.covars, gmm2.covars]),
+        weights=w / w.sum(),
+        cvtype=gmm1.cvtype,
+        dtype=gmm1.dtype,
+        reg_covar=gmm1.reg_covar,
+        backend=gmm1.backend,
+    )
     ll = merged.train(X, min_em_iters=min_em_iters, max_em_iters=max_em_iters, tol=tol)
     return merged, ll - l1 - l2

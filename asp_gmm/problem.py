@@ -1,4 +1,5 @@
 """The problem a specialized call solves: sizes, covariance type and precision."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,5 +54,4 @@ class Problem:
         return np.dtype(self.dtype)
 
     def as_dict(self) -> dict:
-        return dict(N=self.N, D=self.D, M=self.M, cvtype=self.cvtype, dtype=self.dtype,
-                    cells=self.cells)
+        return dict(N=self.N, D=self.D, M=self.M, cvtype=self.cvtype, dtype=self.dtype, cells=self.cells)

@@ -19,6 +19,7 @@ This module imports nothing of the project. Its conventions are the project's co
   :data:`EMPTY_COMPONENT_EVENTS` keeps its previous mean and covariance (instead of collapsing onto the
   origin with a covariance of ``reg_covar``); its weight becomes tiny but finite.
 """
+
 from __future__ import annotations
 
 import math
@@ -52,7 +53,8 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError, ValueError):
         super().__init__(
             f"covariance of component {component} is not positive definite or is numerically "
             f"singular{(': ' + detail) if detail else ''}. Increase reg_covar{reg}, use fewer "
-            "components, or scale/standardise the data.")
+            "components, or scale/standardise the data."
+        )
 
 
 class NonFiniteError(FloatingPointError, ValueError):
@@ -95,8 +97,9 @@ def inv_lower_triangular(L):
     return out
 
 
-def precision_cholesky(covars, cvtype: str, reg_covar: float | None = None, cond_limit: float | None = 1e15,
-                       n_features: int | None = None):
+def precision_cholesky(
+    covars, cvtype: str, reg_covar: float | None = None, cond_limit: float | None = 1e15, n_features: int | None = None
+):
     """Upper Cholesky factors of the precision matrices.
 
     Parameters
@@ -145,7 +148,7 @@ def precision_cholesky(covars, cvtype: str, reg_covar: float | None = None, cond
         L = np.linalg.cholesky(mats)
     except np.linalg.LinAlgError:
         k = 0
-        for k in range(mats.shape[0]):   # which one: factorise them one by one
+        for k in range(mats.shape[0]):  # which one: factorise them one by one
             try:
                 np.linalg.cholesky(mats[k])
             except np.linalg.LinAlgError:
@@ -202,7 +205,7 @@ def covariances_from_precision_cholesky(prec_chol, cvtype: str):
     _check_cvtype(cvtype)
     pc = np.asarray(prec_chol, dtype=np.float64)
     if cvtype in ("full", "tied"):
-        W = inv_lower_triangular(np.swapaxes(pc, -1, -2))   # inv(U.T); the covariance is W @ W.T
+        W = inv_lower_triangular(np.swapaxes(pc, -1, -2))  # inv(U.T); the covariance is W @ W.T
         cov = W @ np.swapaxes(W, -1, -2)
         return 0.5 * (cov + np.swapaxes(cov, -1, -2))
     return 1.0 / (pc * pc)
@@ -238,12 +241,12 @@ def log_gaussian_prob(X, means, prec_chol, log_det, cvtype: str):
     N, D = X.shape
     M = means.shape[0]
     maha = np.empty((N, M))
-    if cvtype == "tied":   # one factor: project the events once
+    if cvtype == "tied":  # one factor: project the events once
         XU, muU = X @ prec_chol, means @ prec_chol
         for k in range(M):
             y = XU - muU[k]
             maha[:, k] = np.einsum("nd,nd->n", y, y)
-    elif cvtype == "spherical":   # one precision per component: squared distances, scaled
+    elif cvtype == "spherical":  # one precision per component: squared distances, scaled
         for k in range(M):
             diff = X - means[k]
             maha[:, k] = np.einsum("nd,nd->n", diff, diff) * prec_chol[k] ** 2
@@ -393,7 +396,7 @@ def covariance(X, resp, nk, means, cvtype: str, reg_covar: float, prev_covars=No
             diff = X - means[k]
             out[k] = (resp[:, k] * diff.T) @ diff / nk[k]
             out[k].flat[:: D + 1] += reg_covar
-    elif cvtype == "spherical":   # the mean of the diagonal variances: squared distances / D
+    elif cvtype == "spherical":  # the mean of the diagonal variances: squared distances / D
         out = np.empty(M)
         for k in range(M):
             diff = X - means[k]
@@ -445,7 +448,7 @@ def mstep_from_labels(X, labels, n_components: int, cvtype: str, reg_covar: floa
     M, D = int(n_components), X.shape[1]
     order = np.argsort(labels, kind="stable")
     bounds = np.searchsorted(labels[order], np.arange(M + 1))
-    parts = [X[order[bounds[k]:bounds[k + 1]]] for k in range(M)]
+    parts = [X[order[bounds[k] : bounds[k + 1]]] for k in range(M)]
     nk = np.diff(bounds).astype(np.float64) + _TINY_COUNT
     means = np.stack([p.sum(axis=0) for p in parts]) / nk[:, None] if M else np.empty((0, D))
     if cvtype == "tied":
@@ -476,8 +479,17 @@ def converged(iters: int, min_iters: int, change: float, tol: float) -> bool:
     return iters >= min_iters and abs(change) < tol
 
 
-def em(X, weights, means, covars, cvtype: str, reg_covar: float = 1e-6,
-       min_iters: int = 1, max_iters: int = 10, tol: float = 1e-3):
+def em(
+    X,
+    weights,
+    means,
+    covars,
+    cvtype: str,
+    reg_covar: float = 1e-6,
+    min_iters: int = 1,
+    max_iters: int = 10,
+    tol: float = 1e-3,
+):
     """Whole EM loop, as the compiled backends run it.
 
     Each iteration is an M-step followed by an E-step of the new parameters. The loop stops after
@@ -507,5 +519,6 @@ def em(X, weights, means, covars, cvtype: str, reg_covar: float = 1e-6,
         if converged(iters, min_iters, change, tol):
             done = True
             break
-    return dict(weights=weights, means=means, covars=covars, loglik=ll, iters=iters,
-                converged=done, logprob=logprob, resp=resp)
+    return dict(
+        weights=weights, means=means, covars=covars, loglik=ll, iters=iters, converged=done, logprob=logprob, resp=resp
+    )

@@ -18,6 +18,7 @@ Each variant is a TOML manifest beside its Jinja2 template under ``variants/<bac
 
 Rendering is one function, :func:`render`: (variant, tunables, problem, backend context) -> source.
 """
+
 from __future__ import annotations
 
 import ast
@@ -79,8 +80,9 @@ class Variant:
     def limits_name_n(self) -> bool:
         """Whether any limit depends on N (the number of events); when none does, whether the
         variant allows a problem does not change with N and callers may memoise by shape."""
-        return (any("N" in _compiled(lim.require).co_names for lim in self.limits)
-                or any("N" in _compiled(e).co_names for e in self.extra.get("derived", {}).values()))
+        return any("N" in _compiled(lim.require).co_names for lim in self.limits) or any(
+            "N" in _compiled(e).co_names for e in self.extra.get("derived", {}).values()
+        )
 
     def derive(self, env: dict) -> dict:
         """``env`` with the manifest's ``[derived]`` quantities added, in their declared order (each
@@ -158,16 +160,30 @@ class Config:
     def history_key(self):
         """The :class:`asp_gmm.tuning_db.VariantKey` under which the history stores this config."""
         from .tuning_db import VariantKey
+
         return VariantKey.of(self.variant.backend, self.variant.name, self.params, self.variant.source_sha256)
 
 
 # ---------------------------------------------------------------- limit expressions
-_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Div: operator.truediv,
-           ast.Pow: operator.pow}
-_CMPOPS = {ast.Lt: operator.lt, ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge,
-           ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.In: lambda a, b: a in b,
-           ast.NotIn: lambda a, b: a not in b}
+_BINOPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+}
+_CMPOPS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
 _FUNCS = {"min": min, "max": max, "abs": abs}
 
 
@@ -191,17 +207,30 @@ def _compiled(expr: str):
 def _check(node):
     """Raise ValueError unless ``node`` uses only constants, names, arithmetic, comparisons,
     and/or/not, tuples and calls of min/max/abs."""
-    ok = (isinstance(node, (ast.Constant, ast.Name, ast.Tuple, ast.List, ast.BoolOp))
-          or isinstance(node, ast.BinOp) and type(node.op) in _BINOPS
-          or isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Not))
-          or isinstance(node, ast.Compare) and all(type(op) in _CMPOPS for op in node.ops)
-          or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCS
-          and not node.keywords)
+    ok = (
+        isinstance(node, (ast.Constant, ast.Name, ast.Tuple, ast.List, ast.BoolOp))
+        or isinstance(node, ast.BinOp)
+        and type(node.op) in _BINOPS
+        or isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, (ast.USub, ast.Not))
+        or isinstance(node, ast.Compare)
+        and all(type(op) in _CMPOPS for op in node.ops)
+        or isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in _FUNCS
+        and not node.keywords
+    )
     if not ok:
         raise ValueError(f"unsupported construct in limit expression: {ast.dump(node)}")
-    children = {ast.BinOp: lambda n: (n.left, n.right), ast.UnaryOp: lambda n: (n.operand,),
-                ast.BoolOp: lambda n: n.values, ast.Compare: lambda n: (n.left, *n.comparators),
-                ast.Call: lambda n: n.args, ast.Tuple: lambda n: n.elts, ast.List: lambda n: n.elts}
+    children = {
+        ast.BinOp: lambda n: (n.left, n.right),
+        ast.UnaryOp: lambda n: (n.operand,),
+        ast.BoolOp: lambda n: n.values,
+        ast.Compare: lambda n: (n.left, *n.comparators),
+        ast.Call: lambda n: n.args,
+        ast.Tuple: lambda n: n.elts,
+        ast.List: lambda n: n.elts,
+    }
     for child in children.get(type(node), lambda n: ())(node):
         _check(child)
 
@@ -213,7 +242,7 @@ class Key:
 
     types: tuple
     doc: str
-    backend_specific: bool = False   # kept in :attr:`Variant.extra` for the backend that owns the variant
+    backend_specific: bool = False  # kept in :attr:`Variant.extra` for the backend that owns the variant
 
 
 #: The manifest schema: every top-level key a ``variants/<backend>/*.toml`` may use. A key not
@@ -228,8 +257,7 @@ MANIFEST_KEYS = {
     "description": Key((str,), "one paragraph: what it computes and how it maps onto the hardware"),
     "tunables": Key((dict,), "name = list of allowed values, the first is the default"),
     "limits": Key((list,), "[[limits]] tables: require (expression), reason"),
-    "derived": Key((dict,), "name = expression, in order; shared by limits, launches and the template",
-                   True),
+    "derived": Key((dict,), "name = expression, in order; shared by limits, launches and the template", True),
     "launch": Key((list,), "[[launch]] tables (CUDA): kernel, grid, block, shared, args, phase", True),
     "scratch": Key((str, int), "bytes of scratch memory (CUDA), an expression", True),
     "zero_acc": Key((bool,), "the accumulator is zeroed before the launches (CUDA)", True),
@@ -237,20 +265,30 @@ MANIFEST_KEYS = {
     "selectable": Key((bool,), "false: never chosen by the selection (pinned or tested only)", True),
 }
 #: Keys of each ``[[limits]]`` and ``[[launch]]`` table.
-LIMIT_KEYS = {"require": "a boolean expression over the problem, tunables and limit context",
-              "reason": "what the limit protects, shown when it excludes a problem"}
-LAUNCH_KEYS = {"kernel": "the __global__ function", "grid": "grid expression(s)", "block": "block expression(s)",
-               "shared": "dynamic shared memory bytes", "args": "argument names", "phase": "the EM phase it runs in"}
+LIMIT_KEYS = {
+    "require": "a boolean expression over the problem, tunables and limit context",
+    "reason": "what the limit protects, shown when it excludes a problem",
+}
+LAUNCH_KEYS = {
+    "kernel": "the __global__ function",
+    "grid": "grid expression(s)",
+    "block": "block expression(s)",
+    "shared": "dynamic shared memory bytes",
+    "args": "argument names",
+    "phase": "the EM phase it runs in",
+}
 
 
 def _reject_unknown(path, where: str, table: dict, known) -> None:
     from .errors import ManifestError
+
     for key in table:
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ManifestError(f"{path}: unknown key {key!r} in {where}{hint}; the known keys are "
-                                f"{', '.join(sorted(known))}")
+            raise ManifestError(
+                f"{path}: unknown key {key!r} in {where}{hint}; the known keys are {', '.join(sorted(known))}"
+            )
 
 
 def load_manifest(path, data: dict) -> dict:
@@ -270,6 +308,7 @@ def load_manifest(path, data: dict) -> dict:
         an unknown key; the message names the file, the key and the known keys.
     """
     from .errors import ManifestError
+
     _reject_unknown(path, "the manifest", data, MANIFEST_KEYS)
     for key, value in data.items():
         spec = MANIFEST_KEYS[key]
@@ -289,6 +328,7 @@ def load_manifest(path, data: dict) -> dict:
 
 # ---------------------------------------------------------------- loading
 
+
 def _variants_root():
     return resources.files(_VARIANTS_PACKAGE)
 
@@ -298,11 +338,15 @@ def _environment(backend: str):
     """The Jinja2 environment of ``backend``'s templates (jinja2 is imported here, on the first
     render: a warm process whose binaries are all cached may never need it)."""
     import jinja2
+
     root = _variants_root()
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(root / backend), str(root)]),
-        undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-        keep_trailing_newline=True)
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
 
 
 #: A template's references to others: {% include/import/extends "name" %} and {% from "name" import %}
@@ -353,30 +397,44 @@ def all_variants() -> tuple:
                 sha = _template_closure_sha256(backend_dir.name, template)
             else:  # implemented by the backend module itself: the manifest is its source
                 sha = hashlib.sha256(mf.read_bytes()).hexdigest()
-            out.append(Variant(
-                name=data["name"], backend=backend, phase=data.get("phase", "covariance"),
-                template=template, cvtypes=tuple(data.get("cvtypes", ["full", "diag"])),
-                dtypes=tuple(data.get("dtypes", ["float32", "float64"])),
-                description=data.get("description", ""),
-                tunables={k: list(v) for k, v in data.get("tunables", {}).items()},
-                limits=tuple(Limit(l["require"], l.get("reason", "declared limit"))
-                             for l in data.get("limits", [])),
-                source_sha256=sha,
-                extra={k: v for k, v in data.items() if MANIFEST_KEYS[k].backend_specific}))
+            out.append(
+                Variant(
+                    name=data["name"],
+                    backend=backend,
+                    phase=data.get("phase", "covariance"),
+                    template=template,
+                    cvtypes=tuple(data.get("cvtypes", ["full", "diag"])),
+                    dtypes=tuple(data.get("dtypes", ["float32", "float64"])),
+                    description=data.get("description", ""),
+                    tunables={k: list(v) for k, v in data.get("tunables", {}).items()},
+                    limits=tuple(
+                        Limit(l["require"], l.get("reason", "declared limit")) for l in data.get("limits", [])
+                    ),
+                    source_sha256=sha,
+                    extra={k: v for k, v in data.items() if MANIFEST_KEYS[k].backend_specific},
+                )
+            )
     return tuple(out)
 
 
 def variants(backend: str | None = None, phase: str | None = None) -> list:
     """Declared variants, optionally filtered by backend and phase."""
-    return list(_per_declaration(("variants", backend, phase), lambda every: tuple(
-        v for v in every if (backend is None or v.backend == backend) and (phase is None or v.phase == phase))))
+    return list(
+        _per_declaration(
+            ("variants", backend, phase),
+            lambda every: tuple(
+                v for v in every if (backend is None or v.backend == backend) and (phase is None or v.phase == phase)
+            ),
+        )
+    )
 
 
 def limits_name_n(backend: str, phase: str) -> bool:
     """Whether any ``phase`` variant of ``backend`` has a limit that depends on N: when none does,
     which of them allow a problem does not change with N, and callers may memoise by shape."""
-    return _per_declaration(("names_n", backend, phase),
-                            lambda every: any(v.limits_name_n for v in variants(backend, phase)))
+    return _per_declaration(
+        ("names_n", backend, phase), lambda every: any(v.limits_name_n for v in variants(backend, phase))
+    )
 
 
 def _per_declaration(key, compute):

@@ -9,6 +9,7 @@ and install it (:func:`set_default_runtime`) or pass a selector or policy explic
 Importing asp_gmm creates none of this and registers no hook; the history registers its exit and
 fork hooks when the first history is opened.
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,7 +43,7 @@ class Runtime:
         self.backends: dict = {}
         self.histories: dict = {}
         self.broken: dict = {}
-        self._urls: dict = {}      # $ASP_GMM_DB -> URL (default_url() touches the file system)
+        self._urls: dict = {}  # $ASP_GMM_DB -> URL (default_url() touches the file system)
         self._selector = None
         self.warned_slow = False
         self.warned: set = set()
@@ -55,6 +56,7 @@ class Runtime:
             with self.lock:
                 if self._selector is None:
                     from .selection import HistorySelector
+
                     self._selector = HistorySelector(runtime=self)
         return self._selector
 
@@ -70,6 +72,7 @@ class Runtime:
         url = self._urls.get(env)
         if url is None:
             from .tuning_db import default_url
+
             url = self._urls[env] = default_url()
         h = self.histories.get(url)
         if h is not None or url in self.broken:
@@ -79,6 +82,7 @@ class Runtime:
             if h is None and url not in self.broken:
                 from . import __version__
                 from .tuning_db import History, HistoryError
+
                 try:
                     h = self.histories[url] = History(url, package_version=__version__)
                 except HistoryError as exc:
@@ -87,8 +91,10 @@ class Runtime:
 
     def _warn_broken(self, url, exc):
         self.broken[url] = str(exc)
-        msg = (f"asp_gmm: the tuning history cannot be used, so variants are chosen by the fixed rule and "
-               f"nothing is measured in this process: {exc}")
+        msg = (
+            f"asp_gmm: the tuning history cannot be used, so variants are chosen by the fixed rule and "
+            f"nothing is measured in this process: {exc}"
+        )
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=5)
 

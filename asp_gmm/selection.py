@@ -77,6 +77,7 @@ nearest-neighbour rule's, else the nearest-neighbour rule; ``Plan.why`` (``Train
 history is dictionary look-ups (tens of microseconds). Records are queued and written in batches
 (one transaction per second at most, and at exit).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -169,9 +170,17 @@ class Selector:
     def plan(self, backend, problem: Problem, candidates: list, pinned: bool = False) -> Plan:
         raise NotImplementedError
 
-    def record(self, backend, problem: Problem, config: Config, status: str,
-               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1,
-               sampled_from: int | None = None) -> None:
+    def record(
+        self,
+        backend,
+        problem: Problem,
+        config: Config,
+        status: str,
+        seconds: float | None = None,
+        cov_seconds: float | None = None,
+        repeats: int = 1,
+        sampled_from: int | None = None,
+    ) -> None:
         """Report one measurement (status "ok") or failure ("compile-failed", "launch-failed",
         "invalid"). ``problem`` is what ran; ``sampled_from``: the N of the call whose events
         were sampled (the timing then stands for that problem's class). The rule keeps nothing."""
@@ -237,21 +246,21 @@ class _Index:
     def __init__(self, view):
         self.view = view
         self.consumed = 0
-        self.classes: dict = {}          # class key -> {VariantKey: _Agg}, timings on the whole data
-        self.sampled: dict = {}          # class key -> {VariantKey: _Agg}, timings on a sample
+        self.classes: dict = {}  # class key -> {VariantKey: _Agg}, timings on the whole data
+        self.sampled: dict = {}  # class key -> {VariantKey: _Agg}, timings on a sample
         self.compile_failed: set = set()  # (VariantKey, cvtype, dtype)
-        self.run_failed: set = set()      # (VariantKey, cvtype, dtype, D, M)
-        self._coords: dict = {}           # (cvtype, dtype) -> (class keys, array of log-coordinates)
-        self._predictor: dict = {}        # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
-        self._vkeys: dict = {}            # (cvtype, dtype) -> every configuration measured on the whole data
-        self.searched: dict = {}          # (class key, measured configurations) -> search proposals
-        self.options: dict = {}           # (class key, number measured, candidates) -> [(Config, VariantKey)]
+        self.run_failed: set = set()  # (VariantKey, cvtype, dtype, D, M)
+        self._coords: dict = {}  # (cvtype, dtype) -> (class keys, array of log-coordinates)
+        self._predictor: dict = {}  # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
+        self._vkeys: dict = {}  # (cvtype, dtype) -> every configuration measured on the whole data
+        self.searched: dict = {}  # (class key, measured configurations) -> search proposals
+        self.options: dict = {}  # (class key, number measured, candidates) -> [(Config, VariantKey)]
 
     def update(self):
         rows = self.view.rows
         if self.consumed == len(rows):
             return
-        for r in rows[self.consumed:]:
+        for r in rows[self.consumed :]:
             if r.status == "ok":
                 if r.seconds is None or r.N <= 0:
                     continue
@@ -292,8 +301,13 @@ class _Index:
         return out
 
     def failed(self, vk, problem: Problem) -> bool:
-        return ((vk, problem.cvtype, problem.dtype) in self.compile_failed
-                or (vk, problem.cvtype, problem.dtype, problem.D, problem.M) in self.run_failed)
+        return (vk, problem.cvtype, problem.dtype) in self.compile_failed or (
+            vk,
+            problem.cvtype,
+            problem.dtype,
+            problem.D,
+            problem.M,
+        ) in self.run_failed
 
     def nearest(self, problem: Problem):
         """Measured classes of the problem's cvtype and dtype, nearest first: [(distance, key)]."""
@@ -301,8 +315,9 @@ class _Index:
         got = self._coords.get(ct)
         if got is None:
             keys = [k for k in self.classes if k[:2] == ct]
-            arr = np.array([(N_WEIGHT * k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3])) for k in keys],
-                           dtype=float).reshape(-1, 3)
+            arr = np.array(
+                [(N_WEIGHT * k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3])) for k in keys], dtype=float
+            ).reshape(-1, 3)
             got = self._coords[ct] = (keys, arr)
         keys, arr = got
         if not keys:
@@ -315,8 +330,9 @@ class _Index:
         """Every configuration (VariantKey) with a whole-data timing of this cvtype and dtype."""
         got = self._vkeys.get((cvtype, dtype))
         if got is None:
-            got = self._vkeys[(cvtype, dtype)] = {vk for k, per in self.classes.items() if k[:2] == (cvtype, dtype)
-                                                  for vk in per}
+            got = self._vkeys[(cvtype, dtype)] = {
+                vk for k, per in self.classes.items() if k[:2] == (cvtype, dtype) for vk in per
+            }
         return got
 
     def predictor(self, cvtype: str, dtype: str):
@@ -327,6 +343,7 @@ class _Index:
         got = self._predictor.get((cvtype, dtype))
         if got is None:
             from . import costmodel
+
             classes = {}
             for k in self.classes:
                 if k[:2] == (cvtype, dtype):
@@ -365,14 +382,15 @@ class HistorySelector(Selector):
 
     def __init__(self, history=None, runtime=None, strategy: str | None = None):
         from . import search
-        self.strategy = search.get(strategy)   # searches the tunables (asp_gmm.search)
+
+        self.strategy = search.get(strategy)  # searches the tunables (asp_gmm.search)
         self._fixed = history
-        self._runtime = runtime     # whose shared history to use (default: the default runtime)
+        self._runtime = runtime  # whose shared history to use (default: the default runtime)
         self._rule = RuleSelector()
         self._lock = threading.RLock()
-        self._indexes: dict = {}    # (id(history), device_id) -> _Index
-        self._devices: dict = {}    # id(backend) -> (backend, device_id, fingerprint)
-        self._vkeys: dict = {}      # Config -> VariantKey
+        self._indexes: dict = {}  # (id(history), device_id) -> _Index
+        self._devices: dict = {}  # id(backend) -> (backend, device_id, fingerprint)
+        self._vkeys: dict = {}  # Config -> VariantKey
 
     # ------------------------------------------------------------------ plumbing
     def history(self):
@@ -387,6 +405,7 @@ class HistorySelector(Selector):
         if self._runtime is not None:
             return self._runtime
         from .runtime import default_runtime
+
         return default_runtime()
 
     def _device(self, backend):
@@ -403,6 +422,7 @@ class HistorySelector(Selector):
         got = self._vkeys.get(k)
         if got is None or got[0] is not v:
             from .tuning_db import VariantKey
+
             got = self._vkeys[k] = (v, VariantKey.of(v.backend, v.name, dict(config.tunables), v.source_sha256))
         return got[1]
 
@@ -448,8 +468,14 @@ class HistorySelector(Selector):
             if not untried:
                 return Plan(best[0], [], "history", why=self._why_best(best, options))
             ranking, predicted, _, how = self._rank(backend, problem, valid, idx)
-            log.debug("%s %s for %s on %s (%s)", "predicted" if predicted else "rule", ranking[0].label, problem,
-                      backend.name, how)
+            log.debug(
+                "%s %s for %s on %s (%s)",
+                "predicted" if predicted else "rule",
+                ranking[0].label,
+                problem,
+                backend.name,
+                how,
+            )
             return Plan(ranking[0], [], "predicted" if predicted else "rule", why=how)
         pruned, explore, why = [], [], ""
         if untried:
@@ -463,8 +489,11 @@ class HistorySelector(Selector):
                 else:
                     explore.append(c)
             primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
-            why = how + (f"; pruned {', '.join(c.label for c in pruned)} (predicted > {PRUNE_FACTOR:g}x "
-                         "the best)" if pruned else "")
+            why = how + (
+                f"; pruned {', '.join(c.label for c in pruned)} (predicted > {PRUNE_FACTOR:g}x the best)"
+                if pruned
+                else ""
+            )
         else:
             primary = best[0]
         if not explore:
@@ -477,11 +506,11 @@ class HistorySelector(Selector):
             explore = list(explore)
             if explore:
                 why = f"{self.strategy.name} search of the tunables of " + ", ".join(
-                    sorted({c.variant.name for c in explore}))
+                    sorted({c.variant.name for c in explore})
+                )
         explore = [c for c in explore if c != primary] if untried else explore
         if not explore:
-            return Plan(primary, [], "history", pruned, self._why_best(best, options) + (
-                "; " + why if why else ""))
+            return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
         done = self.vkey(primary) in idx.sampled.get(problem_class(problem), {})
         return Plan(primary, explore, "explore", pruned, why, done)
 
@@ -527,6 +556,7 @@ class HistorySelector(Selector):
         if not options:
             return []
         from . import search
+
         strategy = self.strategy
         best_by_variant: dict = {}
         for c, t in options:
@@ -542,10 +572,11 @@ class HistorySelector(Selector):
             if t > TUNE_WITHIN * top or not v.tunables or name not in start_of:
                 continue
             measured = {search.key(o.params): tt for o, tt in options if o.variant.name == name}
-            for combo in v.tunable_space():   # combinations its limits or failures exclude: never proposed
+            for combo in v.tunable_space():  # combinations its limits or failures exclude: never proposed
                 k = search.key(combo)
-                if k not in measured and (not v.allows(problem, combo, ctx)
-                                          or idx.failed(self.vkey(Config.of(v, combo)), problem)):
+                if k not in measured and (
+                    not v.allows(problem, combo, ctx) or idx.failed(self.vkey(Config.of(v, combo)), problem)
+                ):
                     measured[k] = math.inf
             for combo in strategy.propose(v.tunables, start_of[name].params, measured, TUNE_PROPOSALS - len(out)):
                 out.append(Config.of(v, combo))
@@ -571,7 +602,7 @@ class HistorySelector(Selector):
             for vk in sorted(idx.measured_keys(problem.cvtype, problem.dtype) - set(keys), key=str):
                 v = by_source.get((vk.backend, vk.name, vk.source_sha256))
                 if v is None or idx.failed(vk, problem):
-                    continue       # tuned configurations of the candidates, measured in other classes
+                    continue  # tuned configurations of the candidates, measured in other classes
                 tun = vk.tunables_dict
                 ctx = backend.limit_context() if ctx is None else ctx
                 if set(tun) == set(v.tunables) and v.allows(problem, tun, extra=ctx):
@@ -586,8 +617,12 @@ class HistorySelector(Selector):
                 npts = len(idx.classes)
                 rel = {keys[k]: (p - lo, npts) for p, k in ranked}
                 ranking = sorted(base, key=lambda c: (0, rel[c][0], pos[c]) if c in rel else (1, 0.0, pos[c]))
-                return ranking, True, rel, (f"cost model (leave-one-out {100 * loo_model:.0f}% "
-                                            f"against nearest {100 * loo_nn:.0f}%)")
+                return (
+                    ranking,
+                    True,
+                    rel,
+                    (f"cost model (leave-one-out {100 * loo_model:.0f}% against nearest {100 * loo_nn:.0f}%)"),
+                )
         score, weight, count, used = {}, {}, {}, 0
         for d, ck in idx.nearest(problem):
             per = idx.scores(ck)
@@ -605,15 +640,28 @@ class HistorySelector(Selector):
                 break
         if not score:
             return base, False, {}, "rule order (nothing measured nearby)"
-        ranking = sorted(base, key=lambda c: (0, score[self.vkey(c)] / weight[self.vkey(c)], pos[c])
-                         if self.vkey(c) in score else (1, 0.0, pos[c]))
+        ranking = sorted(
+            base,
+            key=lambda c: (
+                (0, score[self.vkey(c)] / weight[self.vkey(c)], pos[c]) if self.vkey(c) in score else (1, 0.0, pos[c])
+            ),
+        )
         raw = {keys[vk]: score[vk] / weight[vk] for vk in score}
         lo = min(raw.values())
         rel = {c: (v - lo, count[self.vkey(c)]) for c, v in raw.items()}
         return ranking, True, rel, f"nearest {used} measured class(es)"
 
-    def record(self, backend, problem, config, status, seconds=None, cov_seconds=None, repeats=1,
-               sampled_from: int | None = None) -> None:
+    def record(
+        self,
+        backend,
+        problem,
+        config,
+        status,
+        seconds=None,
+        cov_seconds=None,
+        repeats=1,
+        sampled_from: int | None = None,
+    ) -> None:
         if status == "ok" and not (seconds and seconds > 0):
             return
         history = self.history()
@@ -621,9 +669,22 @@ class HistorySelector(Selector):
             return
         device_id, fp = self._device(backend)
         try:
-            history.record(device_id, fp, self.vkey(config), problem.N, problem.D, problem.M, problem.cvtype,
-                           problem.dtype, status, seconds, cov_seconds, repeats,
-                           threads=backend.run_threads(problem), sampled_from=sampled_from)
+            history.record(
+                device_id,
+                fp,
+                self.vkey(config),
+                problem.N,
+                problem.D,
+                problem.M,
+                problem.cvtype,
+                problem.dtype,
+                status,
+                seconds,
+                cov_seconds,
+                repeats,
+                threads=backend.run_threads(problem),
+                sampled_from=sampled_from,
+            )
         except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
             self.runtime.disable(history, exc)
 
@@ -637,12 +698,14 @@ def default_selector() -> Selector:
     """The selector the specializer uses unless given one: the default runtime's
     (:class:`HistorySelector`, see :mod:`asp_gmm.runtime`)."""
     from .runtime import default_runtime
+
     return default_runtime().selector
 
 
 def set_default_selector(selector: Selector | None) -> None:
     """Install ``selector`` in the default runtime (``None``: a new HistorySelector on next use)."""
     from .runtime import default_runtime
+
     default_runtime().selector = selector
 
 
@@ -666,8 +729,12 @@ class Policy:
         Backend name -> E-step variant names in order of preference (:data:`ESTEP_PREFERENCE`).
     """
 
-    def __init__(self, selector: Selector | None = None, explore_compile_work: float | None = None,
-                 estep_preference: dict | None = None):
+    def __init__(
+        self,
+        selector: Selector | None = None,
+        explore_compile_work: float | None = None,
+        estep_preference: dict | None = None,
+    ):
         self._selector = selector
         self._explore_compile_work = explore_compile_work
         self.estep_preference = dict(ESTEP_PREFERENCE if estep_preference is None else estep_preference)
@@ -685,8 +752,7 @@ class Policy:
         return default_selector()
 
     # ------------------------------------------------------------------ covariance
-    def choose(self, backend, problem: Problem, candidates: list, pinned: bool = False,
-               tuning: bool = True) -> Plan:
+    def choose(self, backend, problem: Problem, candidates: list, pinned: bool = False, tuning: bool = True) -> Plan:
         """The plan for ``problem`` among ``candidates`` (configurations whose limits allow it).
 
         With ``tuning`` off nothing is explored. On a backend with shape-specific binaries, a
@@ -706,25 +772,36 @@ class Policy:
             if not pinned and not ready(plan.primary):
                 alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
                 if alt is not None:
-                    plan = dataclasses.replace(plan, primary=alt, explore=[], reason=plan.reason + ", compiled",
-                                               primary_sampled=False)
+                    plan = dataclasses.replace(
+                        plan, primary=alt, explore=[], reason=plan.reason + ", compiled", primary_sampled=False
+                    )
             return dataclasses.replace(plan, explore=explore)
         # a call never waits for an optional compile: it explores what is compiled, the others
         # compile after it; a planned configuration not compiled yet compiles in the background
         later = [c for c in explore if not ready(c)]
         explore = [c for c in explore if c not in later]
-        return dataclasses.replace(plan, explore=explore, compile_later=later,
-                                   primary_in_background=not pinned and not ready(plan.primary))
+        return dataclasses.replace(
+            plan, explore=explore, compile_later=later, primary_in_background=not pinned and not ready(plan.primary)
+        )
 
-    def record(self, backend, problem: Problem, config: Config, status: str,
-               seconds: float | None = None, cov_seconds: float | None = None, repeats: int = 1,
-               sampled_from: int | None = None) -> None:
+    def record(
+        self,
+        backend,
+        problem: Problem,
+        config: Config,
+        status: str,
+        seconds: float | None = None,
+        cov_seconds: float | None = None,
+        repeats: int = 1,
+        sampled_from: int | None = None,
+    ) -> None:
         """Report a measurement or a failure to the selector (see :meth:`Selector.record`)."""
         if sampled_from is None:
             self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats)
         else:
-            self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats,
-                                 sampled_from=sampled_from)
+            self.selector.record(
+                backend, problem, config, status, seconds, cov_seconds, repeats, sampled_from=sampled_from
+            )
 
     # ------------------------------------------------------------------ exploration budget
     def sample_size(self, problem: Problem, n_explore: int, max_iters: int) -> int:
@@ -766,8 +843,9 @@ class Policy:
         if pinned:
             usable = [(v, tuns) for v, tuns in usable if v.name == pinned]
         if not usable:
-            raise KernelError(f"no {backend.name} E-step variant can run {problem}"
-                                            + (f" (pinned: {pinned})" if pinned else ""))
+            raise KernelError(
+                f"no {backend.name} E-step variant can run {problem}" + (f" (pinned: {pinned})" if pinned else "")
+            )
         if pinned:
             return usable[0][0], usable[0][1][0]
         measured = self._estep_measured(backend, problem, usable)

@@ -41,6 +41,7 @@ all events. "random" computes one NumPy M-step from random responsibilities, as 
 
 scikit-learn is an optional dependency of this module only.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without scikit-l
     raise ImportError(
         "asp_gmm.GaussianMixture is a drop-in for scikit-learn's GaussianMixture and needs "
         "scikit-learn: pip install scikit-learn (or pip install 'asp_gmm[sklearn]'). "
-        "The rest of asp_gmm (GMM, compute_distance_BIC) works without it.") from exc
+        "The rest of asp_gmm (GMM, compute_distance_BIC) works without it."
+    ) from exc
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _sk_validate_data
@@ -87,11 +89,12 @@ _COMPILED = ("full", "diag")
 _ILL_DEFINED = (
     "Fitting the mixture model failed because some components have ill-defined empirical covariance "
     "(for instance caused by singleton or collapsed samples). Try to decrease the number of "
-    "components, increase reg_covar, or scale the input data.")
+    "components, increase reg_covar, or scale the input data."
+)
 
 
 def _validate_data(est, X, reset, **kw):
-    if cuda_arrays.is_cuda_array(X):    # PyTorch/CuPy CUDA arrays: the drop-in works on a host copy
+    if cuda_arrays.is_cuda_array(X):  # PyTorch/CuPy CUDA arrays: the drop-in works on a host copy
         X = cuda_arrays.to_host(X)
     if _sk_validate_data is not None:
         return _sk_validate_data(est, X, reset=reset, **kw)
@@ -106,6 +109,7 @@ def _numpy_stats(X, weights, means, covars, cvtype):
     """:class:`asp_gmm.streaming.SuffStats` of X for "tied" (full second moments) and "spherical"
     (diagonal ones), from the reference's E-step in float64 NumPy."""
     from .backends.base import stats_from_posteriors
+
     X = np.asarray(X, np.float64)
     lpn, resp = _estep(X, weights, means, _precision_cholesky(covars, cvtype, X.shape[1]), cvtype)
     kind = "full" if cvtype == "tied" else "diag"
@@ -143,15 +147,15 @@ def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
     for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
         n = blk.shape[0]
         take = min(max(k - seen, 0), n)
-        sample[seen:seen + take] = blk[:take]
+        sample[seen : seen + take] = blk[:take]
         t = seen + np.arange(take, n)
         j = (random_state.random_sample(t.shape[0]) * (t + 1)).astype(np.int64)
         hit = np.nonzero(j < k)[0]
-        sample[j[hit]] = blk[take + hit]      # in row order: a later row replaces an earlier one
+        sample[j[hit]] = blk[take + hit]  # in row order: a later row replaces an earlier one
         seen += n
     if seen < M:
         raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {seen}")
-    sample = sample[:min(seen, k)]
+    sample = sample[: min(seen, k)]
     if method == "k-means++":
         centres, _ = kmeans_plusplus(sample, M, random_state=random_state)
     else:
@@ -160,6 +164,7 @@ def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
     full = cvtype == "full"
     st = streaming.SuffStats(M, D, cvtype, centres)
     from .backends.base import BlockStats
+
     for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
         x = blk.astype(np.float64)
         d2 = (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)
@@ -186,22 +191,23 @@ def _dask_seed(adask, X, M, cvtype, dt, reg, seed, backend):
 # ---------------------------------------------------------------------------------------------------
 # Parameter checks (scikit-learn's messages)
 
+
 def _check_shape(param, shape, name):
     if param.shape != shape:
-        raise ValueError("The parameter '%s' should have the shape of %s, but got %s"
-                         % (name, shape, param.shape))
+        raise ValueError("The parameter '%s' should have the shape of %s, but got %s" % (name, shape, param.shape))
 
 
 def _check_weights(weights, M):
     weights = check_array(weights, dtype=[np.float64, np.float32], ensure_2d=False)
     _check_shape(weights, (M,), "weights")
     if np.any(weights < 0.0) or np.any(weights > 1.0):
-        raise ValueError("The parameter 'weights' should be in the range [0, 1], but got max value "
-                         "%.5f, min value %.5f" % (np.min(weights), np.max(weights)))
+        raise ValueError(
+            "The parameter 'weights' should be in the range [0, 1], but got max value "
+            "%.5f, min value %.5f" % (np.min(weights), np.max(weights))
+        )
     atol = 1e-6 if weights.dtype == np.float32 else 1e-8
     if not np.allclose(np.abs(1.0 - np.sum(weights)), 0.0, atol=atol):
-        raise ValueError("The parameter 'weights' should be normalized, but got sum(weights) = %.5f"
-                         % np.sum(weights))
+        raise ValueError("The parameter 'weights' should be normalized, but got sum(weights) = %.5f" % np.sum(weights))
     return weights
 
 
@@ -212,8 +218,7 @@ def _check_means(means, M, D):
 
 
 def _check_precisions(precisions, cvtype, M, D):
-    precisions = check_array(precisions, dtype=[np.float64, np.float32], ensure_2d=False,
-                             allow_nd=cvtype == "full")
+    precisions = check_array(precisions, dtype=[np.float64, np.float32], ensure_2d=False, allow_nd=cvtype == "full")
     shapes = {"full": (M, D, D), "tied": (D, D), "diag": (M, D), "spherical": (M,)}
     _check_shape(precisions, shapes[cvtype], "%s precision" % cvtype)
     if cvtype in ("diag", "spherical"):
@@ -234,14 +239,16 @@ def _working_dtype(dtype, X_dtype) -> np.dtype:
     except TypeError:
         dt = None
     if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"The 'dtype' parameter of GaussianMixture must be None, 'float32' or "
-                         f"'float64'. Got {dtype!r} instead.")
+        raise ValueError(
+            f"The 'dtype' parameter of GaussianMixture must be None, 'float32' or 'float64'. Got {dtype!r} instead."
+        )
     return dt
 
 
 # ---------------------------------------------------------------------------------------------------
 # Numerics: the float64 reference (asp_gmm/reference.py) with scikit-learn's conventions (upper
 # Cholesky factor U of each precision, inv(cov) = U U^T) and scikit-learn's error rule and message
+
 
 def _precision_cholesky(cov, cvtype, D):
     """scikit-learn's ``precisions_cholesky_`` of covariances, float64, same shape as ``cov``.
@@ -273,6 +280,7 @@ def _one_blas_thread():
         from threadpoolctl import threadpool_limits
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency of asp_gmm
         import contextlib
+
         return contextlib.nullcontext()
     return threadpool_limits(limits=1, user_api="blas")
 
@@ -298,18 +306,19 @@ def _one_hot_params(X, idx, reg, cvtype):
         # scatter, owned or not (the total scatter of X over M, not reg_covar).
         if cvtype in ("diag", "spherical"):
             x = X[idx]
-            cov = x * x / nk[:, None] - means ** 2 + reg
+            cov = x * x / nk[:, None] - means**2 + reg
             cov = cov if cvtype == "diag" else cov.mean(axis=1)
         elif cvtype == "tied":
             cov = (X.T @ X - (nk * means.T) @ means) / nk.sum()
             cov.flat[:: X.shape[1] + 1] += reg
         return nk, means, cov
-    resp = np.zeros((X.shape[0], M))   # an event drawn twice belongs to two components
+    resp = np.zeros((X.shape[0], M))  # an event drawn twice belongs to two components
     resp[idx, np.arange(M)] = 1.0
     return _estimate_params(X, resp, reg, cvtype)
 
 
 # ---------------------------------------------------------------------------------------------------
+
 
 class GaussianMixture(DensityMixin, BaseEstimator):
     """Gaussian mixture model trained by specialized EM: scikit-learn's ``GaussianMixture`` API.
@@ -363,11 +372,28 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             "dtype": "no_validation",  # checked in fit (None, float32 or float64)
         }
 
-    def __init__(self, n_components: int = 1, *, covariance_type: str = "full", tol: float = 1e-3,
-                 reg_covar: float = 1e-6, max_iter: int = 100, n_init: int = 1, init_params: str = "kmeans",
-                 weights_init=None, means_init=None, precisions_init=None, random_state=None,
-                 warm_start: bool = False, verbose: int = 0, verbose_interval: int = 10, backend: str = "auto",
-                 dtype=None, online_t0: float = 2.0, online_kappa: float = 0.6) -> None:
+    def __init__(
+        self,
+        n_components: int = 1,
+        *,
+        covariance_type: str = "full",
+        tol: float = 1e-3,
+        reg_covar: float = 1e-6,
+        max_iter: int = 100,
+        n_init: int = 1,
+        init_params: str = "kmeans",
+        weights_init=None,
+        means_init=None,
+        precisions_init=None,
+        random_state=None,
+        warm_start: bool = False,
+        verbose: int = 0,
+        verbose_interval: int = 10,
+        backend: str = "auto",
+        dtype=None,
+        online_t0: float = 2.0,
+        online_kappa: float = 0.6,
+    ) -> None:
         self.n_components = n_components
         self.covariance_type = covariance_type
         self.tol = tol
@@ -417,11 +443,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         self
         """
-        if _is_dask_array(X) or (streaming.is_source(X) and (self.covariance_type in _COMPILED
-                                                             or not hasattr(X, "shape"))):
+        if _is_dask_array(X) or (
+            streaming.is_source(X) and (self.covariance_type in _COMPILED or not hasattr(X, "shape"))
+        ):
             self._fit_large(X)
             return self
-        self._fit(X)    # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
+        self._fit(X)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
         return self
 
     def _fit_large(self, X):
@@ -430,8 +457,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             self._validate_params()
         cvtype, M = self.covariance_type, self.n_components
         if cvtype not in _COMPILED:
-            raise ValueError(f"covariance_type={cvtype!r} cannot be fitted on streamed or Dask data; use 'full' or "
-                             "'diag', or load X into memory")
+            raise ValueError(
+                f"covariance_type={cvtype!r} cannot be fitted on streamed or Dask data; use 'full' or "
+                "'diag', or load X into memory"
+            )
         on_dask = _is_dask_array(X)
         if on_dask:
             src, D, kind = None, int(X.shape[1]), X.dtype
@@ -440,35 +469,51 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             first = None if src.n_features is not None else next(iter(src.chunks()), None)
             D = src.n_features if first is None else np.asarray(first).shape[-1]
             kind = getattr(X, "dtype", None) if first is None else np.asarray(first).dtype
-        dt = _working_dtype(self.dtype, np.dtype(kind) if kind is not None and np.dtype(kind).kind == "f"
-                            else np.dtype(np.float64))
-        inits = (None if self.weights_init is None else _check_weights(self.weights_init, M),
-                 None if self.means_init is None else _check_means(self.means_init, M, D),
-                 None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D))
+        dt = _working_dtype(
+            self.dtype, np.dtype(kind) if kind is not None and np.dtype(kind).kind == "f" else np.dtype(np.float64)
+        )
+        inits = (
+            None if self.weights_init is None else _check_weights(self.weights_init, M),
+            None if self.means_init is None else _check_means(self.means_init, M, D),
+            None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
+        )
         w, mu, cv = inits[0], inits[1], None
         if inits[2] is not None:
-            cv = ref.covariances_from_precision_cholesky(ref.precision_cholesky_from_precisions(inits[2], cvtype),
-                                                         cvtype)
+            cv = ref.covariances_from_precision_cholesky(
+                ref.precision_cholesky_from_precisions(inits[2], cvtype), cvtype
+            )
         if self.warm_start and hasattr(self, "converged_"):
             w, mu, cv = self._params64()
-        seed = None if self.random_state is None else int(check_random_state(self.random_state).randint(2 ** 31 - 1))
+        seed = None if self.random_state is None else int(check_random_state(self.random_state).randint(2**31 - 1))
         reg, tol = float(self.reg_covar), float(self.tol)
         n = None
         if on_dask:
             from . import dask as adask
+
             if w is None or mu is None or cv is None:
                 s_w, s_mu, s_cv = _dask_seed(adask, X, M, cvtype, dt, reg, seed, self.backend)
                 w, mu, cv = (s_w if w is None else w), (s_mu if mu is None else mu), (s_cv if cv is None else cv)
             kw = dict(cvtype=cvtype, dtype=dt, reg_covar=reg, backend=self.backend)
-            r1 = adask.fit(X, M, weights=w, means=mu, covars=cv, min_iters=1, max_iters=max(self.max_iter - 1, 0),
-                           tol=tol, **kw)
-            r2 = adask.fit(X, M, weights=r1.weights, means=r1.means, covars=r1.covars, min_iters=1,
-                           max_iters=1 if self.max_iter else 0, tol=0.0, **kw)
+            r1 = adask.fit(
+                X, M, weights=w, means=mu, covars=cv, min_iters=1, max_iters=max(self.max_iter - 1, 0), tol=tol, **kw
+            )
+            r2 = adask.fit(
+                X,
+                M,
+                weights=r1.weights,
+                means=r1.means,
+                covars=r1.covars,
+                min_iters=1,
+                max_iters=1 if self.max_iter else 0,
+                tol=0.0,
+                **kw,
+            )
             n = r1.n_events
         else:
             if (w is None or mu is None or cv is None) and self.init_params in ("kmeans", "k-means++"):
-                n, k_w, k_mu, k_cv = _stream_kmeans_init(src, M, D, cvtype, dt, reg, self.init_params,
-                                                         check_random_state(self.random_state))
+                n, k_w, k_mu, k_cv = _stream_kmeans_init(
+                    src, M, D, cvtype, dt, reg, self.init_params, check_random_state(self.random_state)
+                )
                 w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
             elif w is None or mu is None or cv is None:
                 n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed)
@@ -485,9 +530,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             n = r1.n_events
         lbs = [float(v) / n for v in r1.loglik_trace]
         if not r1.converged and self.max_iter > 0:
-            warnings.warn("Best performing initialization did not converge. Try different init "
-                          "parameters, or increase max_iter, tol, or check for degenerate data.",
-                          ConvergenceWarning)
+            warnings.warn(
+                "Best performing initialization did not converge. Try different init "
+                "parameters, or increase max_iter, tol, or check for degenerate data.",
+                ConvergenceWarning,
+            )
         self._set_parameters((r2.weights, r2.means, r2.covars), dt)
         self.converged_ = bool(r1.converged)
         self.n_iter_ = int(r1.iters + 1) if self.max_iter else 0
@@ -525,12 +572,16 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         n, D = X.shape
         if first:
             if n < M:
-                raise ValueError("Expected n_samples >= n_components in the first partial_fit batch but got "
-                                 f"n_components = {M}, n_samples = {n}")
+                raise ValueError(
+                    "Expected n_samples >= n_components in the first partial_fit batch but got "
+                    f"n_components = {M}, n_samples = {n}"
+                )
             dt = _working_dtype(self.dtype, X.dtype)
-            inits = (None if self.weights_init is None else _check_weights(self.weights_init, M),
-                     None if self.means_init is None else _check_means(self.means_init, M, D),
-                     None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D))
+            inits = (
+                None if self.weights_init is None else _check_weights(self.weights_init, M),
+                None if self.means_init is None else _check_means(self.means_init, M, D),
+                None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
+            )
             w, mu, cv = self._initial_params(X, check_random_state(self.random_state), inits)
         else:
             dt = np.dtype(self.means_.dtype)
@@ -540,7 +591,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             if cvtype in _COMPILED:
                 prob = Problem(n, D, M, cvtype, dt.name)
                 st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg)
-            else:   # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
+            else:  # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
                 st = _numpy_stats(X, w, mu, cv, cvtype)
             st = st.scaled(1.0 / n)
             if first:
@@ -576,14 +627,14 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         N, D = X.shape
         M = self.n_components
         if N < M:
-            raise ValueError("Expected n_samples >= n_components but got n_components = "
-                             f"{M}, n_samples = {N}")
+            raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {N}")
         dt = _working_dtype(self.dtype, X.dtype)
         cvtype = self.covariance_type
-        inits = (None if self.weights_init is None else _check_weights(self.weights_init, M),
-                 None if self.means_init is None else _check_means(self.means_init, M, D),
-                 None if self.precisions_init is None else
-                 _check_precisions(self.precisions_init, cvtype, M, D))
+        inits = (
+            None if self.weights_init is None else _check_weights(self.weights_init, M),
+            None if self.means_init is None else _check_means(self.means_init, M, D),
+            None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
+        )
 
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         n_init = self.n_init if do_init else 1
@@ -599,8 +650,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             if do_init:
                 params = self._initial_params(X, random_state, inits)
             else:
-                params = (self.weights_.astype(np.float64), self.means_.astype(np.float64),
-                          np.asarray(self.covariances_, dtype=np.float64))
+                params = (
+                    self.weights_.astype(np.float64),
+                    self.means_.astype(np.float64),
+                    np.asarray(self.covariances_, dtype=np.float64),
+                )
             if self.max_iter == 0:
                 best, best_n_iter = params, 0
                 continue
@@ -618,11 +672,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 best_lbs, best_conv = lbs, conv
 
         if not best_conv and self.max_iter > 0:
-            warnings.warn("Best performing initialization did not converge. Try different init "
-                          "parameters, or increase max_iter, tol, or check for degenerate data.",
-                          ConvergenceWarning)
-        self._set_parameters(best, dt, from_precisions=(self.max_iter == 0 and do_init
-                                                        and inits[2] is not None))
+            warnings.warn(
+                "Best performing initialization did not converge. Try different init "
+                "parameters, or increase max_iter, tol, or check for degenerate data.",
+                ConvergenceWarning,
+            )
+        self._set_parameters(best, dt, from_precisions=(self.max_iter == 0 and do_init and inits[2] is not None))
         self.converged_ = bool(best_conv)
         self.n_iter_ = int(best_n_iter)
         self.lower_bound_ = float(max_lower_bound)
@@ -638,6 +693,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         score reuse its memoised candidates instead of building a new one on every call."""
         from . import backends
         from .specializer import Specializer
+
         specs = self.__dict__.setdefault("_specializers", {})
 
         def of(name):
@@ -721,8 +777,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             cov = ref.covariances_from_precision_cholesky(pc, cvtype)
         else:
             _precision_cholesky(cov, cvtype, X.shape[1])  # scikit-learn's check (and message) at initialisation
-        return (np.asarray(weights, np.float64), np.asarray(means, np.float64),
-                np.asarray(cov, np.float64))
+        return (np.asarray(weights, np.float64), np.asarray(means, np.float64), np.asarray(cov, np.float64))
 
     def _init_from_data(self, X, random_state, N, M, cvtype, reg):
         X64 = np.asarray(X, dtype=np.float64)
@@ -753,7 +808,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         cvtype = self.covariance_type
         if from_precisions:  # max_iter=0 with precisions_init: scikit-learn's factor of the precisions
             pc = ref.precision_cholesky_from_precisions(
-                _check_precisions(self.precisions_init, cvtype, self.n_components, mu.shape[1]), cvtype)
+                _check_precisions(self.precisions_init, cvtype, self.n_components, mu.shape[1]), cvtype
+            )
         else:
             pc = _precision_cholesky(cv, cvtype, mu.shape[1])
         self.weights_ = np.asarray(w, dtype=dt)
@@ -763,8 +819,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.precisions_ = np.asarray(ref.precisions_from_cholesky(pc, cvtype), dtype=dt)
 
     def _params64(self):
-        return (np.asarray(self.weights_, np.float64), np.asarray(self.means_, np.float64),
-                np.asarray(self.covariances_, np.float64))
+        return (
+            np.asarray(self.weights_, np.float64),
+            np.asarray(self.means_, np.float64),
+            np.asarray(self.covariances_, np.float64),
+        )
 
     # ------------------------------------------------------------------------------ inference
     def _estimate(self, X, want_resp):
@@ -776,8 +835,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             Xw = np.ascontiguousarray(X, dtype=dt)
             prob = Problem(N, D, self.n_components, cvtype, dt.name)
             try:
-                return self._specializer(prob).evaluate(Xw, *self._params64(), prob,
-                                                        float(self.reg_covar), want_resp)
+                return self._specializer(prob).evaluate(Xw, *self._params64(), prob, float(self.reg_covar), want_resp)
             except (NotPositiveDefiniteError, FloatingPointError) as exc:
                 raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
         w, mu, _ = self._params64()
@@ -812,28 +870,34 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         (scikit-learn's algorithm and random stream)."""
         check_is_fitted(self)
         if n_samples < 1:
-            raise ValueError("Invalid value for 'n_samples': %d . The sampling requires at least one "
-                             "sample." % (self.n_components))
+            raise ValueError(
+                "Invalid value for 'n_samples': %d . The sampling requires at least one sample." % (self.n_components)
+            )
         _, D = self.means_.shape
         rng = check_random_state(self.random_state)
         counts = rng.multinomial(n_samples, self.weights_)
         if self.covariance_type == "full":
-            X = np.vstack([rng.multivariate_normal(m, c, int(s))
-                           for m, c, s in zip(self.means_, self.covariances_, counts)])
+            X = np.vstack(
+                [rng.multivariate_normal(m, c, int(s)) for m, c, s in zip(self.means_, self.covariances_, counts)]
+            )
         elif self.covariance_type == "tied":
-            X = np.vstack([rng.multivariate_normal(m, self.covariances_, int(s))
-                           for m, s in zip(self.means_, counts)])
+            X = np.vstack([rng.multivariate_normal(m, self.covariances_, int(s)) for m, s in zip(self.means_, counts)])
         else:
-            X = np.vstack([m + rng.standard_normal(size=(s, D)) * np.sqrt(c)
-                           for m, c, s in zip(self.means_, self.covariances_, counts)])
+            X = np.vstack(
+                [
+                    m + rng.standard_normal(size=(s, D)) * np.sqrt(c)
+                    for m, c, s in zip(self.means_, self.covariances_, counts)
+                ]
+            )
         y = np.concatenate([np.full(int(s), i, dtype=np.int64) for i, s in enumerate(counts)])
         return np.asarray(X, dtype=np.float64), y
 
     def _n_parameters(self):
         _, D = self.means_.shape
         M = self.n_components
-        cov_params = {"full": M * D * (D + 1) / 2.0, "diag": M * D, "tied": D * (D + 1) / 2.0,
-                      "spherical": M}[self.covariance_type]
+        cov_params = {"full": M * D * (D + 1) / 2.0, "diag": M * D, "tied": D * (D + 1) / 2.0, "spherical": M}[
+            self.covariance_type
+        ]
         return int(cov_params + D * M + M - 1)
 
     def bic(self, X):

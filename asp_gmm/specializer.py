@@ -7,6 +7,7 @@ then the remaining iterations with the chosen variant, entirely in compiled code
 It never validates user input (the Face does) and never touches the tuning history directly
 (Selection does).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -97,8 +98,9 @@ class Specializer:
         :class:`~asp_gmm.selection.Policy` on the default selector when not given.
     """
 
-    def __init__(self, backend="auto", selector: selection.Selector | None = None,
-                 policy: selection.Policy | None = None):
+    def __init__(
+        self, backend="auto", selector: selection.Selector | None = None, policy: selection.Policy | None = None
+    ):
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
         self.policy = policy if policy is not None else selection.Policy(selector)
         self._candidates: dict = {}
@@ -122,6 +124,7 @@ class Specializer:
     def _find_candidates(self, problem: Problem, variant: str | None) -> list:
         if variant is not None:
             from . import registry
+
             try:
                 v = registry.get(self.backend.name, variant, "covariance")
             except KeyError as exc:
@@ -129,36 +132,51 @@ class Specializer:
             tun = self.backend.tunables_for(v, problem)
             if tun is None:
                 why = v.check(problem, extra=self.backend.limit_context())
-                raise VariantNotApplicableError(f"pinned variant cannot run this problem: {why}; "
-                                                "choose another variant or variant=None")
+                raise VariantNotApplicableError(
+                    f"pinned variant cannot run this problem: {why}; choose another variant or variant=None"
+                )
             return [Config.of(v, tun)]
         # a manifest may keep its variant out of automatic selection (selectable = false: measured
         # slower where it runs; still pinnable and tested); exploring it would only cost compiles
         cands = []
         for v in self.backend.covariance_variants():
             tun = self.backend.tunables_for(v, problem) if v.extra.get("selectable", True) else None
-            if tun is not None:   # one walk of the tunables per variant, not a filter and then a pick
+            if tun is not None:  # one walk of the tunables per variant, not a filter and then a pick
                 cands.append(Config.of(v, tun))
         if not cands:
             raise VariantNotApplicableError(
                 f"no {self.backend.name} variant can run N={problem.N}, D={problem.D}, M={problem.M} "
-                f"({problem.cvtype}, {problem.dtype}); see `asp-gmm info` for the variants' limits")
+                f"({problem.cvtype}, {problem.dtype}); see `asp-gmm info` for the variants' limits"
+            )
         return cands
 
-    def train(self, X, weights, means, covars, problem: Problem, reg_covar: float,
-              min_iters: int, max_iters: int, tol: float, variant: str | None = None,
-              progress: bool | None = None) -> TrainResult:
-        if streaming.wants_stream(X, self.backend, problem):   # a chunk source, or X too big for the device
-            return streaming.em(self, X, weights, means, covars, problem, reg_covar, min_iters, max_iters, tol,
-                                variant, progress)
+    def train(
+        self,
+        X,
+        weights,
+        means,
+        covars,
+        problem: Problem,
+        reg_covar: float,
+        min_iters: int,
+        max_iters: int,
+        tol: float,
+        variant: str | None = None,
+        progress: bool | None = None,
+    ) -> TrainResult:
+        if streaming.wants_stream(X, self.backend, problem):  # a chunk source, or X too big for the device
+            return streaming.em(
+                self, X, weights, means, covars, problem, reg_covar, min_iters, max_iters, tol, variant, progress
+            )
         t_start = time.perf_counter()
         backend = self.backend
         # what every session needs (an EM core...) compiles while the history opens and the plan is made
         _start(backend, "prepare_async", problem)
         sel = self.policy
         tuning = selection.autotune_enabled()
-        plan = sel.choose(backend, problem, self.candidates(problem, variant), pinned=variant is not None,
-                          tuning=tuning)
+        plan = sel.choose(
+            backend, problem, self.candidates(problem, variant), pinned=variant is not None, tuning=tuning
+        )
         explore = list(plan.explore)
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
         sample = sel.sample_size(problem, len(explore), max_iters) if explore else problem.N
@@ -166,15 +184,16 @@ class Specializer:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
             # run every iteration with the best configuration the history now knows
             sampled, budget = [], {"spent": 0.0, "fastest": None, "slowest": 0.0}
-            for _ in range(SAMPLE_ROUNDS):   # the variants, then the tunable search while the budget lasts
-                done, stopped = self._explore_sample(X, weights, means, covars, problem, reg_covar, plan, sample,
-                                                     max_iters, sel, budget)
+            for _ in range(SAMPLE_ROUNDS):  # the variants, then the tunable search while the budget lasts
+                done, stopped = self._explore_sample(
+                    X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel, budget
+                )
                 sampled += done
                 plan = sel.choose(backend, problem, self.candidates(problem, variant), tuning=tuning)
                 if stopped or not done or not plan.explore:
                     break
             explore = []
-        pending = None      # (config, future) of the planned configuration compiling in the background
+        pending = None  # (config, future) of the planned configuration compiling in the background
         if plan.primary_in_background:
             fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
             if fut is not None:
@@ -187,15 +206,21 @@ class Specializer:
             N = problem.N
             stand_in = None
             if pending is not None and not pending[1].done():
-                stand_in = next((c for c in selection.rule_order(backend, self.candidates(problem))
-                                 if c != pending[0] and ready(c)), None)
+                stand_in = next(
+                    (
+                        c
+                        for c in selection.rule_order(backend, self.candidates(problem))
+                        if c != pending[0] and ready(c)
+                    ),
+                    None,
+                )
 
             def one_iteration(cfg, kernel, record_as_explored):
                 nonlocal iters, converged, used
                 before = session.loglik()
                 run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
                 iters += 1
-                trace.extend(run.loglik_trace[1 if trace else 0:])
+                trace.extend(run.loglik_trace[1 if trace else 0 :])
                 if record_as_explored:
                     explored.append(cfg.label)
                 used = cfg
@@ -224,21 +249,26 @@ class Specializer:
                         log.warning("asp_gmm: variant %s failed at run time (%s)", stand_in.label, exc)
                         break
                 if used is stand_in:
-                    log.info("asp_gmm: %d iteration(s) ran on %s while %s compiled", iters, stand_in.label,
-                             pending[0].label)
+                    log.info(
+                        "asp_gmm: %d iteration(s) ran on %s while %s compiled", iters, stand_in.label, pending[0].label
+                    )
             skip = set()
             if pending is not None and pending[1].done() and not pending[1].cancelled():
                 exc = pending[1].exception()
                 if isinstance(exc, CompileError):
                     sel.record(backend, problem, pending[0], "compile-failed")
-                    log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
-                                pending[0].label, exc)
+                    log.warning(
+                        "asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
+                        pending[0].label,
+                        exc,
+                    )
                     skip.add(pending[0])
             if iters < max_iters and not converged:
                 # the planned configuration, then the other candidates should it fail to compile or
                 # to run (each failure is recorded and never retried for its source)
-                order = itertools.chain([plan.primary], (c for c in self.candidates(problem, variant)
-                                                        if c != plan.primary))
+                order = itertools.chain(
+                    [plan.primary], (c for c in self.candidates(problem, variant) if c != plan.primary)
+                )
                 last_exc = None
                 for cfg in order:
                     if cfg in skip:
@@ -247,8 +277,13 @@ class Specializer:
                     if kernel is None:
                         continue
                     try:
-                        run = session.em(kernel, min_iters=max(min_iters - iters, 0), max_iters=max_iters - iters, tol=tol,
-                                         reg_covar=reg_covar)
+                        run = session.em(
+                            kernel,
+                            min_iters=max(min_iters - iters, 0),
+                            max_iters=max_iters - iters,
+                            tol=tol,
+                            reg_covar=reg_covar,
+                        )
                     except KernelError as exc:
                         sel.record(backend, problem, cfg, "launch-failed")
                         if variant is not None:
@@ -257,16 +292,24 @@ class Specializer:
                         last_exc = exc
                         continue
                     iters += run.iters
-                    trace.extend(run.loglik_trace[1 if trace else 0:])
+                    trace.extend(run.loglik_trace[1 if trace else 0 :])
                     converged = run.converged
                     used = cfg
                     if tuning and run.iters:
-                        sel.record(backend, problem, cfg, "ok", statistics.median(run.iter_seconds),
-                                   statistics.median(run.cov_seconds), run.iters)
+                        sel.record(
+                            backend,
+                            problem,
+                            cfg,
+                            "ok",
+                            statistics.median(run.iter_seconds),
+                            statistics.median(run.cov_seconds),
+                            run.iters,
+                        )
                     break
                 else:
-                    raise KernelError("every candidate variant failed to compile or run; see the "
-                                      "warnings above") from last_exc
+                    raise KernelError(
+                        "every candidate variant failed to compile or run; see the warnings above"
+                    ) from last_exc
             loglik = session.loglik()
             if not trace:
                 trace = [loglik]
@@ -279,8 +322,20 @@ class Specializer:
         label = used.label if used is not None else plan.primary.label
         if sample < problem.N:
             explored = sampled
-        return TrainResult(w, mu, cv, loglik, iters, converged, label, explored, plan.reason,
-                           time.perf_counter() - t_start, trace, plan.why)
+        return TrainResult(
+            w,
+            mu,
+            cv,
+            loglik,
+            iters,
+            converged,
+            label,
+            explored,
+            plan.reason,
+            time.perf_counter() - t_start,
+            trace,
+            plan.why,
+        )
 
     def _explore_sample(self, X, weights, means, covars, problem, reg_covar, plan, sample, max_iters, sel, budget):
         """One EM iteration of the primary and of each configuration to explore on ``sample``
@@ -347,8 +402,7 @@ class Specializer:
             exc = fut.exception() if fut is not None else None
             if isinstance(exc, CompileError):
                 sel.record(self.backend, p, cfg, "compile-failed")
-                log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
-                            cfg.label, exc)
+                log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s", cfg.label, exc)
                 continue
             ready += self._kernel(cfg, p, sel) is not None
         return ready
@@ -360,8 +414,7 @@ class Specializer:
             sel.record(self.backend, problem, cfg, "compile-failed")
             if reraise:
                 raise
-            log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s",
-                        cfg.label, exc)
+            log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s", cfg.label, exc)
             return None
 
     def evaluate(self, X, weights, means, covars, problem: Problem, reg_covar: float, want_resp=True):

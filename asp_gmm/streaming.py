@@ -33,6 +33,7 @@ Settings
     ``auto`` (default: a progress bar per pass when stderr is a terminal and a pass reads at least
     10^7 events), ``1`` (always, where tqdm is installed) or ``0``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -55,13 +56,17 @@ log = logging.getLogger("asp_gmm")
 _NEVER_STREAM_BYTES = 64 << 20
 
 #: Libraries whose arrays live in memory (never streamed because of their type).
-_IN_MEMORY_LIBS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dask", "scipy", "pandas", "polars", "pyarrow",
-                   "sparse")
+_IN_MEMORY_LIBS = ("numpy", "torch", "cupy", "jax", "jaxlib", "dask", "scipy", "pandas", "polars", "pyarrow", "sparse")
 
 
 # ------------------------------------------------------------------------------ settings
-_ATTR = {"ASP_GMM_DEVICE_BUDGET": "device_budget", "ASP_GMM_MEMORY_FRACTION": "memory_fraction",
-         "ASP_GMM_BLOCK_BYTES": "block_bytes", "ASP_GMM_CHUNK_BYTES": "chunk_bytes", "ASP_GMM_PROGRESS": "progress"}
+_ATTR = {
+    "ASP_GMM_DEVICE_BUDGET": "device_budget",
+    "ASP_GMM_MEMORY_FRACTION": "memory_fraction",
+    "ASP_GMM_BLOCK_BYTES": "block_bytes",
+    "ASP_GMM_CHUNK_BYTES": "chunk_bytes",
+    "ASP_GMM_PROGRESS": "progress",
+}
 
 
 def _setting(name: str) -> str:
@@ -99,7 +104,7 @@ def memory_fraction() -> float:
 def _free_host_bytes() -> int | None:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):   # pragma: no cover - not POSIX
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         return None
 
 
@@ -163,14 +168,14 @@ class ArraySource(ChunkSource):
         if chunk_rows is None:
             itemsize = getattr(getattr(X, "dtype", None), "itemsize", 8) or 8
             chunk_rows = max(1, _bytes_setting("ASP_GMM_CHUNK_BYTES", 64 << 20) // (max(self.n_features, 1) * itemsize))
-            own = getattr(X, "chunks", None)   # h5py / zarr chunking: read whole chunks of the dataset
+            own = getattr(X, "chunks", None)  # h5py / zarr chunking: read whole chunks of the dataset
             if isinstance(own, tuple) and own and isinstance(own[0], int) and own[0] > 0:
                 chunk_rows = max(own[0], chunk_rows // own[0] * own[0])
         self.chunk_rows = int(chunk_rows)
 
     def chunks(self):
         for a in range(0, self.n_rows, self.chunk_rows):
-            yield self.X[a:a + self.chunk_rows]
+            yield self.X[a : a + self.chunk_rows]
 
     def rows(self, index):
         return np.stack([np.asarray(self.X[int(i)]) for i in index]) if len(index) else None
@@ -185,12 +190,16 @@ class CallableSource(ChunkSource):
     def chunks(self):
         it = self.fn()
         if it is None or not hasattr(it, "__iter__"):
-            raise StreamError(f"the chunk source {self.fn!r} returned {type(it).__name__}, not an iterable of "
-                              "row chunks; make it a function that returns a new generator (or list) of (n_i, D) "
-                              "arrays each time it is called")
+            raise StreamError(
+                f"the chunk source {self.fn!r} returned {type(it).__name__}, not an iterable of "
+                "row chunks; make it a function that returns a new generator (or list) of (n_i, D) "
+                "arrays each time it is called"
+            )
         if iter(it) is it and getattr(self, "_seen", None) is it:
-            raise StreamError("the chunk source returned the same iterator twice; it must return a new one per call "
-                              "(e.g. a generator function, not a generator object)")
+            raise StreamError(
+                "the chunk source returned the same iterator twice; it must return a new one per call "
+                "(e.g. a generator function, not a generator object)"
+            )
         self._seen = it
         return iter(it)
 
@@ -219,8 +228,10 @@ def as_source(X, chunk_rows: int | None = None) -> ChunkSource:
         return CallableSource(X)
     if hasattr(X, "shape") and hasattr(X, "__getitem__"):
         return ArraySource(X, chunk_rows)
-    raise StreamError(f"cannot stream a {type(X).__name__}: pass an (N, D) array, a numpy.memmap, an h5py or zarr "
-                      "dataset, or a callable returning an iterable of (n_i, D) row chunks")
+    raise StreamError(
+        f"cannot stream a {type(X).__name__}: pass an (N, D) array, a numpy.memmap, an h5py or zarr "
+        "dataset, or a callable returning an iterable of (n_i, D) row chunks"
+    )
 
 
 def _ordinal(k: int) -> str:
@@ -232,32 +243,46 @@ def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarr
     """Validate chunk ``index`` (0-based) that starts at global row ``start``; return it as a
     C-contiguous ``(n, D)`` array of ``dtype``. Errors name the chunk and the row."""
     where = f"the {_ordinal(index + 1)} chunk of the source (chunk index {index}, from row {start})"
-    if cuda_arrays.is_cuda_array(chunk):   # a CUDA array beyond the device budget: streamed via the host
+    if cuda_arrays.is_cuda_array(chunk):  # a CUDA array beyond the device budget: streamed via the host
         chunk = cuda_arrays.to_host(chunk)
     arr = np.asarray(chunk)
     if arr.dtype.kind != "f":
-        raise StreamError(f"{where} has dtype {arr.dtype}; training needs floating-point data: make the source "
-                          f"yield float arrays (e.g. chunk.astype(np.{np.dtype(dtype).name}))")
+        raise StreamError(
+            f"{where} has dtype {arr.dtype}; training needs floating-point data: make the source "
+            f"yield float arrays (e.g. chunk.astype(np.{np.dtype(dtype).name}))"
+        )
     if arr.ndim != 2:
-        raise StreamError(f"{where} has shape {arr.shape}; every chunk must be 2-D (rows, D)"
-                          + (f" with D={D}" if D else ""))
+        raise StreamError(
+            f"{where} has shape {arr.shape}; every chunk must be 2-D (rows, D)" + (f" with D={D}" if D else "")
+        )
     if D is not None and arr.shape[1] != D:
-        raise StreamError(f"{where} has {arr.shape[1]} columns but the model has D={D}; every chunk must have "
-                          f"shape (rows, {D})")
+        raise StreamError(
+            f"{where} has {arr.shape[1]} columns but the model has D={D}; every chunk must have shape (rows, {D})"
+        )
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=dtype)
     ok = np.isfinite(out)
     if not ok.all():
         r, c = divmod(int(np.argmin(ok.reshape(-1))), out.shape[1])
-        what = ("a value beyond the {} range".format(np.dtype(dtype).name) if np.isfinite(arr[r, c])
-                else "NaN or infinity")
-        raise StreamError(f"{where} has {what} at row {start + r} (row {r} of the chunk), column {c}; remove or "
-                          "impute those events" + (" or use dtype=np.float64" if np.isfinite(arr[r, c]) else ""))
+        what = (
+            "a value beyond the {} range".format(np.dtype(dtype).name) if np.isfinite(arr[r, c]) else "NaN or infinity"
+        )
+        raise StreamError(
+            f"{where} has {what} at row {start + r} (row {r} of the chunk), column {c}; remove or "
+            "impute those events" + (" or use dtype=np.float64" if np.isfinite(arr[r, c]) else "")
+        )
     return out
 
 
-def blocks(source: ChunkSource, D: int | None, dtype, block_rows: int, expect_rows: int | None = None,
-           first_chunk: int = 0, first_row: int = 0):
+def blocks(
+    source: ChunkSource,
+    D: int | None,
+    dtype,
+    block_rows: int,
+    expect_rows: int | None = None,
+    first_chunk: int = 0,
+    first_row: int = 0,
+):
     """Yield ``(start_row, block)`` with every block but the last of exactly ``block_rows`` rows,
     copied from the source's chunks (validated by :func:`check_chunk`; messages count chunks from
     ``first_chunk`` and rows from ``first_row``, for a source that is part of a larger one). The
@@ -273,10 +298,10 @@ def blocks(source: ChunkSource, D: int | None, dtype, block_rows: int, expect_ro
         pos = 0
         while pos < arr.shape[0]:
             take = min(block_rows - fill, arr.shape[0] - pos)
-            if fill == 0 and take == block_rows:       # a whole block inside the chunk: no copy
-                yield total + pos - fill, arr[pos:pos + take]
+            if fill == 0 and take == block_rows:  # a whole block inside the chunk: no copy
+                yield total + pos - fill, arr[pos : pos + take]
             else:
-                buf[fill:fill + take] = arr[pos:pos + take]
+                buf[fill : fill + take] = arr[pos : pos + take]
                 fill += take
                 if fill == block_rows:
                     yield total + pos + take - fill, buf
@@ -286,13 +311,18 @@ def blocks(source: ChunkSource, D: int | None, dtype, block_rows: int, expect_ro
     if fill:
         yield total - fill, buf[:fill]
     if total == 0:
-        raise StreamError("the chunk source yielded no rows" + (" (no chunks at all)" if index < 0 else "")
-                          + "; pass a source with at least one event (a callable source must return a new, "
-                            "non-empty iterable of chunks every time it is called)")
+        raise StreamError(
+            "the chunk source yielded no rows"
+            + (" (no chunks at all)" if index < 0 else "")
+            + "; pass a source with at least one event (a callable source must return a new, "
+            "non-empty iterable of chunks every time it is called)"
+        )
     if expect_rows is not None and total != expect_rows:
-        raise StreamError(f"the chunk source yielded {total} rows in this pass but {expect_rows} before; a source "
-                          "must yield the same rows on every pass (a callable must return a new iterable over the "
-                          "same data each time it is called)")
+        raise StreamError(
+            f"the chunk source yielded {total} rows in this pass but {expect_rows} before; a source "
+            "must yield the same rows on every pass (a callable must return a new iterable over the "
+            "same data each time it is called)"
+        )
 
 
 def wants_stream(X, backend, problem: Problem) -> bool:
@@ -302,9 +332,9 @@ def wants_stream(X, backend, problem: Problem) -> bool:
     if is_source(X):
         return True
     need = backend.session_bytes(problem)
-    fixed = _bytes_setting("ASP_GMM_DEVICE_BUDGET", None)    # (a bad value is reported on every call)
+    fixed = _bytes_setting("ASP_GMM_DEVICE_BUDGET", None)  # (a bad value is reported on every call)
     if need <= _NEVER_STREAM_BYTES and fixed is None and memory_fraction():
-        return False     # small: not worth asking the device (the diarization example trains thousands)
+        return False  # small: not worth asking the device (the diarization example trains thousands)
     budget = device_budget(backend)
     return budget is not None and need > budget
 
@@ -411,8 +441,9 @@ class SuffStats:
         weights = eff / eff.sum()
         d = s1 / eff[:, None]
         means = self.centre + d
-        cov = _shift_second(s2, s1, nk, d, self.cvtype) / (eff[:, None, None] if self.cvtype == "full"
-                                                           else eff[:, None])
+        cov = _shift_second(s2, s1, nk, d, self.cvtype) / (
+            eff[:, None, None] if self.cvtype == "full" else eff[:, None]
+        )
         if self.cvtype == "full":
             cov = 0.5 * (cov + np.swapaxes(cov, 1, 2))
             D = cov.shape[1]
@@ -443,8 +474,12 @@ class _Progress:
             mode = _setting("ASP_GMM_PROGRESS").lower() or "auto"
             if mode not in ("auto", "0", "1"):
                 raise SettingError(f"ASP_GMM_PROGRESS={mode!r} must be auto, 1 or 0")
-            enabled = mode == "1" or (mode == "auto" and sys.stderr is not None and sys.stderr.isatty()
-                                      and (n_rows is None or n_rows >= 10_000_000))
+            enabled = mode == "1" or (
+                mode == "auto"
+                and sys.stderr is not None
+                and sys.stderr.isatty()
+                and (n_rows is None or n_rows >= 10_000_000)
+            )
         self.enabled = enabled
         if enabled:
             try:
@@ -457,6 +492,7 @@ class _Progress:
         self.t0 = time.perf_counter()
         if self.enabled:
             from tqdm.auto import tqdm
+
             self.bar = tqdm(total=n_rows, desc=f"EM pass {k}", unit="ev", unit_scale=True, leave=False)
 
     def advance(self, rows):
@@ -470,8 +506,17 @@ class _Progress:
             self.bar.set_postfix(loglik=f"{st.loglik / st.n:.6g}/ev")
             self.bar.close()
             self.bar = None
-        log.info("asp_gmm: streamed pass %d (after %d iterations): %d events in %.3f s (%.3g events/s), "
-                 "log-likelihood %.10g (%.6g per event)", k, iters, st.n, sec, rate, st.loglik, st.loglik / st.n)
+        log.info(
+            "asp_gmm: streamed pass %d (after %d iterations): %d events in %.3f s (%.3g events/s), "
+            "log-likelihood %.10g (%.6g per event)",
+            k,
+            iters,
+            st.n,
+            sec,
+            rate,
+            st.loglik,
+            st.loglik / st.n,
+        )
         return sec
 
 
@@ -490,6 +535,7 @@ def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
     """Choose the covariance configuration for ``problem``'s blocks through ``spec``'s selection (on
     the block's problem shape), falling back past configurations that fail to compile."""
     from . import selection
+
     rows = spec.backend.stream_block_rows(problem)
     if problem.N:
         rows = min(rows, problem.N)
@@ -502,11 +548,13 @@ def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
         if kernel is not None:
             return StreamPlan(bp, cfg, kernel, p.reason)
     from .errors import KernelError
+
     raise KernelError("every candidate variant failed to compile; see the warnings above")
 
 
-def pass_stats(runner, source: ChunkSource, problem: Problem, weights, means, covars, reg_covar,
-               expect_rows=None, progress=None) -> SuffStats:
+def pass_stats(
+    runner, source: ChunkSource, problem: Problem, weights, means, covars, reg_covar, expect_rows=None, progress=None
+) -> SuffStats:
     """One pass over ``source``: the statistics of every block under the given parameters."""
     runner.set_params(weights, means, covars, reg_covar)
     st = SuffStats(problem.M, problem.D, problem.cvtype, means)
@@ -516,17 +564,32 @@ def pass_stats(runner, source: ChunkSource, problem: Problem, weights, means, co
         if progress is not None:
             progress.advance(bs.n)
     if not math.isfinite(st.loglik):
-        raise NonFiniteError(f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
-                                 "components, or scale the data")
+        raise NonFiniteError(
+            f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "
+            "components, or scale the data"
+        )
     return st
 
 
-def em(spec, source, weights, means, covars, problem: Problem, reg_covar: float, min_iters: int,
-       max_iters: int, tol: float, variant: str | None = None, progress: bool | None = None):
+def em(
+    spec,
+    source,
+    weights,
+    means,
+    covars,
+    problem: Problem,
+    reg_covar: float,
+    min_iters: int,
+    max_iters: int,
+    tol: float,
+    variant: str | None = None,
+    progress: bool | None = None,
+):
     """Streamed EM through ``spec`` (a :class:`~asp_gmm.specializer.Specializer`): the same iterations as
     the in-memory loop (an M-step, then the statistics of the new parameters), one pass over the
     source per iteration plus the first. Returns a :class:`~asp_gmm.specializer.TrainResult`."""
     from .specializer import TrainResult
+
     t_start = time.perf_counter()
     source = as_source(source)
     sp = plan(spec, problem, variant)
@@ -555,8 +618,20 @@ def em(spec, source, weights, means, covars, problem: Problem, reg_covar: float,
                 break
     finally:
         runner.close()
-    return TrainResult(w, mu, cv, ll, iters, converged, sp.config.label + " (streamed)", [], sp.reason,
-                       time.perf_counter() - t_start, trace, n_events=N)
+    return TrainResult(
+        w,
+        mu,
+        cv,
+        ll,
+        iters,
+        converged,
+        sp.config.label + " (streamed)",
+        [],
+        sp.reason,
+        time.perf_counter() - t_start,
+        trace,
+        n_events=N,
+    )
 
 
 def seed(source, M: int, D: int | None, cvtype: str, dtype, reg_covar: float, rng_seed=None):
@@ -580,8 +655,9 @@ def seed(source, M: int, D: int | None, cvtype: str, dtype, reg_covar: float, rn
         n += x.shape[0]
     s1, s2 = s1 + c1, s2 + c2
     if n < M:
-        raise StreamError(f"the source has N={n} events, fewer than the M={M} components; use fewer components "
-                          "or more data")
+        raise StreamError(
+            f"the source has N={n} events, fewer than the M={M} components; use fewer components or more data"
+        )
     m1 = s1 / n
     cov = s2 / n - (np.outer(m1, m1) if cvtype == "full" else m1 * m1)
     if rng_seed is None:
@@ -604,8 +680,9 @@ def seed(source, M: int, D: int | None, cvtype: str, dtype, reg_covar: float, rn
     return n, means, covars
 
 
-def source_stats(spec, source, problem: Problem, weights, means, covars, reg_covar: float,
-                 variant: str | None = None) -> SuffStats:
+def source_stats(
+    spec, source, problem: Problem, weights, means, covars, reg_covar: float, variant: str | None = None
+) -> SuffStats:
     """One pass of :func:`pass_stats` over ``source`` through ``spec``'s selected kernels (the online
     EM of ``GaussianMixture.partial_fit``): the statistics of every row under the given parameters."""
     source = as_source(source)

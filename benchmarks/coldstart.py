@@ -19,6 +19,7 @@ work on a shared machine inflates it less. Prints a table last.
 Targets (issue 25): H100, 1-hour meeting, cold <= 15 s and warm <= 4 s wall end to end; 2-core CPU,
 first train cold <= 1.5 s, the bundled meeting's warm run <= 2.5 s wall.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ print(json.dumps({"import": t1 - t0, "train": t3 - t2, "variant": g.last_train.v
                   "compiles": cache.CompileStats.compiles, "compile_s": cache.CompileStats.seconds}))
 """
 
-EXAMPLE_IMPORTS = ("import sys; sys.path.insert(0, %r); import numpy, scipy.fft, soundfile, asp_gmm, "
-                   "diarize, cluster, features, sad, reseg, rttm" % str(EX))
+EXAMPLE_IMPORTS = (
+    "import sys; sys.path.insert(0, %r); import numpy, scipy.fft, soundfile, asp_gmm, "
+    "diarize, cluster, features, sad, reseg, rttm" % str(EX)
+)
 
 
 def _env(folder: Path | None) -> dict:
@@ -88,7 +91,7 @@ def first_train(backend: str, repeat: int) -> dict:
         for _ in range(repeat):
             with tempfile.TemporaryDirectory(prefix="asp_gmm_coldstart_") as d:
                 d = Path(d)
-                if phase == "warm":      # fill the folders first
+                if phase == "warm":  # fill the folders first
                     _wall([sys.executable, "-c", TRAIN, backend], _env(d))
                 wall, stdout, _ = _wall([sys.executable, "-c", TRAIN, backend], _env(d))
             r = json.loads(stdout.strip().splitlines()[-1])
@@ -106,17 +109,27 @@ def example(audio: str, ref: str | None, backend: str, repeat: int) -> dict:
         for _ in range(repeat):
             with tempfile.TemporaryDirectory(prefix="asp_gmm_coldstart_") as d:
                 d = Path(d)
-                cmd = [sys.executable, str(EX / "diarize.py"), audio, "--rttm", str(d / "out.rttm"),
-                       "--backend", backend] + (["--ref", ref] if ref else [])
+                cmd = [
+                    sys.executable,
+                    str(EX / "diarize.py"),
+                    audio,
+                    "--rttm",
+                    str(d / "out.rttm"),
+                    "--backend",
+                    backend,
+                ] + (["--ref", ref] if ref else [])
                 if phase == "warm":
                     _wall(cmd, _env(d))
                 wall, stdout, stderr = _wall(cmd, _env(d))
             m = re.search(r"processing time: ([\d.]+) s", stdout)
             a = re.search(r"([\d.]+) s of audio", stdout)
-            r = {"wall": wall, "processing": float(m.group(1)) if m else float("nan"),
-                 "audio": float(a.group(1)) if a else float("nan"),
-                 "der": (re.search(r"DER: ([\d.]+) %", stdout) or [None, "-"])[1],
-                 "notice": "compiling specialized code" in stderr}
+            r = {
+                "wall": wall,
+                "processing": float(m.group(1)) if m else float("nan"),
+                "audio": float(a.group(1)) if a else float("nan"),
+                "der": (re.search(r"DER: ([\d.]+) %", stdout) or [None, "-"])[1],
+                "notice": "compiling specialized code" in stderr,
+            }
             if best is None or r["wall"] < best["wall"]:
                 best = r
         out[phase] = best
@@ -134,23 +147,38 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.ref is None and Path(args.audio) == EX / "data" / "meeting.flac":
         args.ref = str(EX / "data" / "meeting.rttm")
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, "
-          f"backend {args.backend}, best of {args.repeat}", flush=True)
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, "
+        f"backend {args.backend}, best of {args.repeat}",
+        flush=True,
+    )
     rows = []
     imp = imports(args.repeat)
     rows += [(k, "", f"{v:.3f}", "") for k, v in imp.items()]
     if not args.skip_train:
         tr = first_train(args.backend, args.repeat)
         for phase, r in tr.items():
-            rows.append(("first GMM(16,19).train, 100k x 19", phase, f"{r['train']:.3f}",
-                         f"process {r['wall']:.2f} s; {r['variant']} ({r['reason']}); "
-                         f"{r['compiles']} compiles, {r['compile_s']:.2f} s in the call's process"))
+            rows.append(
+                (
+                    "first GMM(16,19).train, 100k x 19",
+                    phase,
+                    f"{r['train']:.3f}",
+                    f"process {r['wall']:.2f} s; {r['variant']} ({r['reason']}); "
+                    f"{r['compiles']} compiles, {r['compile_s']:.2f} s in the call's process",
+                )
+            )
     if not args.skip_example:
         ex = example(args.audio, args.ref, args.backend, args.repeat)
         for phase, r in ex.items():
-            rows.append((f"diarize {Path(args.audio).name} end to end", phase, f"{r['wall']:.3f}",
-                         f"processing {r['processing']:.2f} s; {r['audio'] / r['wall']:.0f}x realtime end to end; "
-                         f"DER {r['der']} %" + ("; compile notice shown" if r["notice"] else "")))
+            rows.append(
+                (
+                    f"diarize {Path(args.audio).name} end to end",
+                    phase,
+                    f"{r['wall']:.3f}",
+                    f"processing {r['processing']:.2f} s; {r['audio'] / r['wall']:.0f}x realtime end to end; "
+                    f"DER {r['der']} %" + ("; compile notice shown" if r["notice"] else ""),
+                )
+            )
     w = max(len(r[0]) for r in rows)
     print()
     print(f"{'what':<{w}}  {'state':<5}  {'seconds':>8}  notes")

@@ -11,6 +11,7 @@ For each shape (N x D x M) it times, on the same random data from the same param
 --skip-slow skips V1 and V2 where N*M*cells makes them take minutes (they are the paper's baselines).
 The table is printed last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,6 +60,7 @@ def time_variant(backend, variant, X, params, cvtype, iters):
 def time_sklearn(X, params, cvtype, iters):
     from sklearn.mixture import GaussianMixture
     from sklearn.mixture._gaussian_mixture import _compute_precision_cholesky
+
     w, mu, cv = params
     M = mu.shape[0]
     sk = GaussianMixture(M, covariance_type=cvtype, reg_covar=1e-6)
@@ -100,7 +102,7 @@ def main(argv=None):
         for v in variants:
             if a.skip_slow and v.name in ("V1", "V2") and work > 5e10:
                 continue
-            for dt in (["float32", "float64"] if a.float64 else ["float32"]):
+            for dt in ["float32", "float64"] if a.float64 else ["float32"]:
                 if a.cvtype not in v.cvtypes or dt not in v.dtypes:
                     continue  # e.g. VD and VF are diagonal only, VF float64 only
                 Xd = X if dt == "float32" else X.astype(np.float64)

@@ -30,6 +30,7 @@ frames under every cluster model (resegmentation); train = retraining the cluste
 the merged model of every pair; py = everything else (votes, gathering frames, output). With
 --jobs > 1 the GMM columns are wall time of concurrent calls.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,7 @@ sys.path.insert(0, str(EX))
 
 def generate(seeds, speakers, minutes, snr):
     import make_meeting
+
     OUT.mkdir(parents=True, exist_ok=True)
     made = []
     for n in speakers:
@@ -57,8 +59,9 @@ def generate(seeds, speakers, minutes, snr):
             if path.exists() and path.with_suffix(".rttm").exists():
                 made.append(path)
                 continue
-            rc = make_meeting.main([str(path), "--speakers", str(n), "--minutes", str(minutes),
-                                    "--seed", str(s), "--snr", str(snr)])
+            rc = make_meeting.main(
+                [str(path), "--speakers", str(n), "--minutes", str(minutes), "--seed", str(s), "--snr", str(snr)]
+            )
             if rc:
                 sys.exit(rc)
             made.append(path)
@@ -70,6 +73,7 @@ def build_long(minutes: float, sources, seed: int = 0) -> Path:
     and fresh white noise on every copy so that no two copies are sample-identical."""
     import soundfile as sf
     from rttm import read_rttm, write_rttm
+
     path = OUT / f"long_{minutes:g}min.wav"
     if path.exists() and path.with_suffix(".rttm").exists():
         return path
@@ -101,9 +105,9 @@ def build_long(minutes: float, sources, seed: int = 0) -> Path:
 def run_one(audio: Path, backend: str, extra: list[str]):
     import diarize as D
     from rttm import der, read_rttm
+
     with tempfile.TemporaryDirectory() as tmp:
-        args = D.build_parser().parse_args([str(audio), "--rttm", f"{tmp}/h.rttm",
-                                            "--backend", backend, *extra])
+        args = D.build_parser().parse_args([str(audio), "--rttm", f"{tmp}/h.rttm", "--backend", backend, *extra])
         r = D.diarize(audio, args, log=None)
     ref_path = audio.with_suffix(".rttm")
     d = None
@@ -115,49 +119,70 @@ def run_one(audio: Path, backend: str, extra: list[str]):
     c = r["clusterer"].prof
     t = r["times"]
     return {
-        "meeting": audio.name, "backend": r["backend"], "minutes": r["duration"] / 60,
-        "n_ref": n_ref, "n_hyp": r["n_speakers"], "der": None if d is None else 100 * d["der"],
-        "total": t["total"], "xrt": r["duration"] / t["total"], "read": t["load"],
-        "features": t["features"] + t.get("sad", 0.0), "clustering": t["clustering"], "train": c.seconds["train"],
-        "score": c.seconds["score"], "bic": c.seconds["bic"], "python": c.other + t["output"],
-        "calls": dict(c.calls), "merges": c.merges, "warmup": t["warmup"],
+        "meeting": audio.name,
+        "backend": r["backend"],
+        "minutes": r["duration"] / 60,
+        "n_ref": n_ref,
+        "n_hyp": r["n_speakers"],
+        "der": None if d is None else 100 * d["der"],
+        "total": t["total"],
+        "xrt": r["duration"] / t["total"],
+        "read": t["load"],
+        "features": t["features"] + t.get("sad", 0.0),
+        "clustering": t["clustering"],
+        "train": c.seconds["train"],
+        "score": c.seconds["score"],
+        "bic": c.seconds["bic"],
+        "python": c.other + t["output"],
+        "calls": dict(c.calls),
+        "merges": c.merges,
+        "warmup": t["warmup"],
     }
 
 
 def fmt_row(r):
     der = "-" if r["der"] is None else f"{r['der']:.2f}"
-    return (f"| {r['meeting']:14s} | {r['backend']:7s} | {r['minutes']:5.1f} | "
-            f"{r['n_ref'] if r['n_ref'] is not None else '-'}/{r['n_hyp']} | {der:>6s} | "
-            f"{r['total']:7.2f} | {r['xrt']:7.1f} | {r['read']:5.2f} | {r['features']:5.2f} | "
-            f"{r['score']:6.2f} | {r['train']:6.2f} | {r['bic']:6.2f} | {r['python']:5.2f} | "
-            f"{r['calls']['score']}/{r['calls']['train']}/{r['calls']['bic']} |")
+    return (
+        f"| {r['meeting']:14s} | {r['backend']:7s} | {r['minutes']:5.1f} | "
+        f"{r['n_ref'] if r['n_ref'] is not None else '-'}/{r['n_hyp']} | {der:>6s} | "
+        f"{r['total']:7.2f} | {r['xrt']:7.1f} | {r['read']:5.2f} | {r['features']:5.2f} | "
+        f"{r['score']:6.2f} | {r['train']:6.2f} | {r['bic']:6.2f} | {r['python']:5.2f} | "
+        f"{r['calls']['score']}/{r['calls']['train']}/{r['calls']['bic']} |"
+    )
 
 
-HEADER = ("| meeting        | backend | min   | spk ref/hyp | DER %  | time s  | x-RT    | read  | feat+SAD "
-          "| E-step | train  | BIC    | py    | calls score/train/BIC |\n"
-          "|" + "---|" * 14)
+HEADER = (
+    "| meeting        | backend | min   | spk ref/hyp | DER %  | time s  | x-RT    | read  | feat+SAD "
+    "| E-step | train  | BIC    | py    | calls score/train/BIC |\n"
+    "|" + "---|" * 14
+)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("meetings", nargs="*", help="audio files with a .rttm beside them "
-                    "(default: benchmarks/out/m*_s*.flac, else the bundled meeting)")
-    ap.add_argument("--backend", default="c,sklearn",
-                    help="comma-separated backends (auto, c, cuda, numpy, sklearn)")
+    ap.add_argument(
+        "meetings",
+        nargs="*",
+        help="audio files with a .rttm beside them (default: benchmarks/out/m*_s*.flac, else the bundled meeting)",
+    )
+    ap.add_argument("--backend", default="c,sklearn", help="comma-separated backends (auto, c, cuda, numpy, sklearn)")
     ap.add_argument("--generate", action="store_true", help="generate the 5-minute meetings first")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--speakers", default="4,6")
     ap.add_argument("--gen-minutes", type=float, default=5.0)
     ap.add_argument("--snr", type=float, default=30.0)
-    ap.add_argument("--minutes", type=float, help="benchmark one long meeting of this length, "
-                    "looped from the meetings available (see module docstring)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs per (meeting, backend); the "
-                    "fastest is reported")
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        help="benchmark one long meeting of this length, looped from the meetings available (see module docstring)",
+    )
+    ap.add_argument("--repeat", type=int, default=1, help="runs per (meeting, backend); the fastest is reported")
     ap.add_argument("--diarize-args", default="", help="extra options for diarize.py, quoted")
     a = ap.parse_args(argv)
     if a.generate:
-        gen = generate([int(s) for s in a.seeds.split(",")], [int(s) for s in a.speakers.split(",")],
-                       a.gen_minutes, a.snr)
+        gen = generate(
+            [int(s) for s in a.seeds.split(",")], [int(s) for s in a.speakers.split(",")], a.gen_minutes, a.snr
+        )
         if not a.meetings:
             a.meetings = [str(p) for p in gen]
     meetings = [Path(m) for m in a.meetings] or [Path(p) for p in sorted(glob.glob(str(OUT / "m*_s*.flac")))]
@@ -188,9 +213,14 @@ def main(argv=None):
         for m, d in by.items():
             if "sklearn" in d:
                 base = d["sklearn"]["total"]
-                print(f"  {m}: " + ", ".join(f"{b} {base / r['total']:.1f}x (clustering "
-                      f"{d['sklearn']['clustering'] / r['clustering']:.1f}x)"
-                      for b, r in d.items() if b != "sklearn"))
+                print(
+                    f"  {m}: "
+                    + ", ".join(
+                        f"{b} {base / r['total']:.1f}x (clustering {d['sklearn']['clustering'] / r['clustering']:.1f}x)"
+                        for b, r in d.items()
+                        if b != "sklearn"
+                    )
+                )
     ders = [r["der"] for r in rows if r["der"] is not None]
     if ders:
         print(f"\nDER over {len(ders)} runs: mean {np.mean(ders):.2f} %, max {np.max(ders):.2f} %")

@@ -21,6 +21,7 @@ start of the Python process to the RTTM written, as diarize.py measures it), wal
 the whole command (interpreter exit included). The DER is computed here from the RTTM that
 diarize.py wrote (it is run without --ref, so its time holds no scoring).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,10 +44,21 @@ def real_set_dir() -> Path:
 
 def run_file(audio: Path, extra: list[str], seed: int, backend: str):
     from rttm import der, read_rttm
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{audio.stem}.rttm"
-        cmd = [sys.executable, str(EX / "diarize.py"), str(audio), "--rttm", str(out),
-               "--backend", backend, "--seed", str(seed), *extra]
+        cmd = [
+            sys.executable,
+            str(EX / "diarize.py"),
+            str(audio),
+            "--rttm",
+            str(out),
+            "--backend",
+            backend,
+            "--seed",
+            str(seed),
+            *extra,
+        ]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -60,28 +72,42 @@ def run_file(audio: Path, extra: list[str], seed: int, backend: str):
     ref = next(iter(read_rttm(audio.with_suffix(".rttm")).values()))
     d = der(ref, hyp, audio.stem, duration=dur)
     tot = d["total"] or 1.0
-    return {"file": audio.stem, "seed": seed, "seconds": dur, "der": 100 * d["der"],
-            "missed": 100 * d["missed detection"] / tot, "fa": 100 * d["false alarm"] / tot,
-            "conf": 100 * d["confusion"] / tot, "hyp": len({s[2] for s in hyp}),
-            "ref": len({s[2] for s in ref}), "proc": proc, "e2e": e2e, "wall": wall}
+    return {
+        "file": audio.stem,
+        "seed": seed,
+        "seconds": dur,
+        "der": 100 * d["der"],
+        "missed": 100 * d["missed detection"] / tot,
+        "fa": 100 * d["false alarm"] / tot,
+        "conf": 100 * d["confusion"] / tot,
+        "hyp": len({s[2] for s in hyp}),
+        "ref": len({s[2] for s in ref}),
+        "proc": proc,
+        "e2e": e2e,
+        "wall": wall,
+    }
 
 
-HEAD = ("| file | s | DER % | missed | false alarm | confusion | spk found/true | x-RT proc | "
-        "x-RT e2e | wall s |\n|---|---|---|---|---|---|---|---|---|---|")
+HEAD = (
+    "| file | s | DER % | missed | false alarm | confusion | spk found/true | x-RT proc | "
+    "x-RT e2e | wall s |\n|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def row(r):
-    return (f"| {r['file']} | {r['seconds']:.0f} | {r['der']:.1f} | {r['missed']:.1f} | {r['fa']:.1f} | "
-            f"{r['conf']:.1f} | {r['hyp']}/{r['ref']} | {r['proc']:.0f} | {r['e2e']:.0f} | "
-            f"{r['wall']:.2f} |")
+    return (
+        f"| {r['file']} | {r['seconds']:.0f} | {r['der']:.1f} | {r['missed']:.1f} | {r['fa']:.1f} | "
+        f"{r['conf']:.1f} | {r['hyp']}/{r['ref']} | {r['proc']:.0f} | {r['e2e']:.0f} | "
+        f"{r['wall']:.2f} |"
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("files", nargs="*", help="audio files with .rttm beside them (default: the "
-                    "real set)")
-    ap.add_argument("--extra", nargs="*", default=[], help="more audio files (e.g. generated "
-                    "meetings) after the real set")
+    ap.add_argument("files", nargs="*", help="audio files with .rttm beside them (default: the real set)")
+    ap.add_argument(
+        "--extra", nargs="*", default=[], help="more audio files (e.g. generated meetings) after the real set"
+    )
     ap.add_argument("--seeds", default="0", help="comma-separated --seed values")
     ap.add_argument("--backend", default="c")
     ap.add_argument("--diarize-args", default="", help="extra options for diarize.py, quoted")
@@ -96,8 +122,7 @@ def main(argv=None) -> int:
     files += [Path(f) for f in a.extra]
     seeds = [int(s) for s in a.seeds.split(",")]
     extra = a.diarize_args.split()
-    print(f"{os.cpu_count()} CPUs, backend {a.backend}, diarize options: {extra or 'defaults'}, "
-          f"seeds {seeds}")
+    print(f"{os.cpu_count()} CPUs, backend {a.backend}, diarize options: {extra or 'defaults'}, seeds {seeds}")
     rows = []
     for seed in seeds:
         print(f"\nseed {seed}\n{HEAD}")
@@ -109,18 +134,22 @@ def main(argv=None) -> int:
         n = len(sel)
         mean = {k: sum(r[k] for r in sel) / n for k in ("der", "missed", "fa", "conf", "proc", "e2e")}
         right = sum(r["hyp"] == r["ref"] for r in sel)
-        print(f"| mean of {n} | | {mean['der']:.1f} | {mean['missed']:.1f} | {mean['fa']:.1f} | "
-              f"{mean['conf']:.1f} | {right}/{n} right | {mean['proc']:.0f} | {mean['e2e']:.0f} | |")
+        print(
+            f"| mean of {n} | | {mean['der']:.1f} | {mean['missed']:.1f} | {mean['fa']:.1f} | "
+            f"{mean['conf']:.1f} | {right}/{n} right | {mean['proc']:.0f} | {mean['e2e']:.0f} | |"
+        )
     if len(seeds) > 1:
         print("\nDER by --seed (spread = max - min):")
         for f in files:
             v = [r["der"] for r in rows if r["file"] == f.stem]
             k = [r["hyp"] for r in rows if r["file"] == f.stem]
-            print(f"  {f.stem:18s} " + " ".join(f"{x:5.1f}" for x in v) +
-                  f"   spread {max(v) - min(v):4.1f}   speakers {k}")
+            print(
+                f"  {f.stem:18s} "
+                + " ".join(f"{x:5.1f}" for x in v)
+                + f"   spread {max(v) - min(v):4.1f}   speakers {k}"
+            )
         means = [sum(r["der"] for r in rows if r["seed"] == s) / len(files) for s in seeds]
-        print(f"  {'mean':18s} " + " ".join(f"{x:5.1f}" for x in means) +
-              f"   spread {max(means) - min(means):4.1f}")
+        print(f"  {'mean':18s} " + " ".join(f"{x:5.1f}" for x in means) + f"   spread {max(means) - min(means):4.1f}")
     return 0
 
 

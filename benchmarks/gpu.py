@@ -11,6 +11,7 @@ call (launches and the per-iteration scalar read-back included). PyTorch times a
 torchgmm's per-iteration time is (fit(k2) - fit(k1)) / (k2 - k1) with the means given (no k-means),
 so its fixed costs (trainer set-up, initial pass) cancel.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,16 +28,24 @@ from asp_gmm import registry
 
 SHAPES = [(150_000, 19, 16), (153_600, 32, 32), (500_000, 36, 128), (1_000_000, 64, 64)]
 #: tunables swept per variant (the rest at their defaults)
-SWEEP = {"V3": [{"threads": 128}, {"threads": 256}, {"tile": 2}],
-         "V4": [{"blocks": 264}, {"blocks": 528}, {"blocks": 264, "tile": 2}, {"blocks": 528, "tile": 2},
-                {"blocks": 528, "tile": 2, "threads": 128}]}
+SWEEP = {
+    "V3": [{"threads": 128}, {"threads": 256}, {"tile": 2}],
+    "V4": [
+        {"blocks": 264},
+        {"blocks": 528},
+        {"blocks": 264, "tile": 2},
+        {"blocks": 528, "tile": 2},
+        {"blocks": 528, "tile": 2, "threads": 128},
+    ],
+}
 REG = 1e-6
 #: E-step tunables timed beside the default by bench_iteration (E alone), per covariance type
-ESTEP_SWEEP = {"full": [{"rows": 1, "comps": 16}, {"cols": 8}],
-               "diag": [{"rows": 1}, {"dcomps": 32}]}
+ESTEP_SWEEP = {"full": [{"rows": 1, "comps": 16}, {"cols": 8}], "diag": [{"rows": 1}, {"dcomps": 32}]}
 #: covariance-variant tunables whose covariance phase bench_iteration times beside the default (sweep)
-COV_SWEEP = {"full": [{"events": 16}], "diag": [{"warps": 2}, {"warps": 8}, {"warps": 16}, {"nqw": 5, "warps": 4}, {"blocks": 528}, {"blocks": 132}]}
-
+COV_SWEEP = {
+    "full": [{"events": 16}],
+    "diag": [{"warps": 2}, {"warps": 8}, {"warps": 16}, {"nqw": 5, "warps": 4}, {"blocks": 528}, {"blocks": 132}],
+}
 
 
 def time_estep(s, iters):
@@ -51,6 +60,7 @@ def time_estep(s, iters):
             s._read_stat()
             times.append(e[1].time_since(e[0]))
     return statistics.median(times[1:])
+
 
 def blobs(rng, N, D, M):
     centres = rng.normal(0.0, 3.0, (M, D))
@@ -73,6 +83,7 @@ def bench_asp(X, params, cvtype, iters, log):
     from asp_gmm.backends import cuda as cu
     from asp_gmm.backends.cuda import CudaBackend
     from asp_gmm.problem import Problem
+
     N, D = X.shape
     M = params[0].shape[0]
     be = CudaBackend()
@@ -98,15 +109,25 @@ def bench_asp(X, params, cvtype, iters, log):
                     k = be.kernel(v, tun, p)
                     n_it = iters if v.name not in ("V1", "V2") or M * p.cells * N < 2e10 else 2
                     s.set_params(*params, REG)
-                    s.em(k, 1, 1, 0.0, REG)                   # warm-up
+                    s.em(k, 1, 1, 0.0, REG)  # warm-up
                     s.set_params(*params, REG)
                     t0 = time.perf_counter()
                     run = s.em(k, n_it, n_it, 0.0, REG)
                     wall = (time.perf_counter() - t0) / max(run.iters, 1)
-                    rows.append(dict(variant=k.label, name=v.name, tunables=dict(k.tunables), cov_ms=1e3 * statistics.median(run.cov_seconds),
-                                     iter_ms=1e3 * statistics.median(run.iter_seconds), wall_ms=1e3 * wall,
-                                     estep_ms=estep_ms, estep=ev.name, estep_all=estep_times,
-                                     loglik=run.loglik))
+                    rows.append(
+                        dict(
+                            variant=k.label,
+                            name=v.name,
+                            tunables=dict(k.tunables),
+                            cov_ms=1e3 * statistics.median(run.cov_seconds),
+                            iter_ms=1e3 * statistics.median(run.iter_seconds),
+                            wall_ms=1e3 * wall,
+                            estep_ms=estep_ms,
+                            estep=ev.name,
+                            estep_all=estep_times,
+                            loglik=run.loglik,
+                        )
+                    )
                 except Exception as exc:  # noqa: BLE001 - a failing variant is reported, not fatal
                     rows.append(dict(variant=(k.label if k else v.name), name=v.name, error=repr(exc)[:300]))
                 log(f"    asp {cvtype} {rows[-1]}")
@@ -133,7 +154,7 @@ def bench_asp(X, params, cvtype, iters, log):
     return rows
 
 
-PEAK_FLOPS, PEAK_BW = 51e12, 3e12   # H100 fp32 SGEMM and device copy (shared/gpu/README.md)
+PEAK_FLOPS, PEAK_BW = 51e12, 3e12  # H100 fp32 SGEMM and device copy (shared/gpu/README.md)
 
 
 def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
@@ -146,6 +167,7 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
     from asp_gmm import GMM
     from asp_gmm.backends.cuda import CudaBackend
     from asp_gmm.problem import Problem
+
     N, D = X.shape
     M = params[0].shape[0]
     be = CudaBackend()
@@ -168,7 +190,7 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
                 except Exception as exc:  # noqa: BLE001 - a tunable the limits exclude, say
                     out["estep_sweep"][str(tun)] = repr(exc)[:120]
             s.estep_mod = default
-        s.em(k, 1, 1, 0.0, REG)                              # warm-up
+        s.em(k, 1, 1, 0.0, REG)  # warm-up
         s.set_params(*params, REG)
         t0 = time.perf_counter()
         run = s.em(k, iters, iters, 0.0, REG)
@@ -190,25 +212,37 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
     finally:
         s.close()
     Xr = X.copy()
-    Xr.setflags(write=False)                                # read-only: the session reuses the upload
+    Xr.setflags(write=False)  # read-only: the session reuses the upload
 
     def train(k):
-        g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype, dtype=np.float32,
-                backend="cuda", variant=variant)
+        g = GMM(
+            M,
+            D,
+            means=params[1],
+            covars=params[2],
+            weights=params[0],
+            cvtype=cvtype,
+            dtype=np.float32,
+            backend="cuda",
+            variant=variant,
+        )
         t0 = time.perf_counter()
         g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
         return time.perf_counter() - t0, g.n_iter
+
     train(2)
     k1, k2 = 3, 3 + 4 * iters
     (t1, n1), (t2, n2) = train(k1), train(k2)
     out["train_wall_ms"] = 1e3 * (t2 - t1) / max(n2 - n1, 1)
     # fractions of the H100's peaks: covariance flops (full: the lower triangle), bytes of the sums
     cells = D * (D + 1) // 2 if cvtype == "full" else D
-    out["cov_frac"] = (2.0 * N * M * cells / PEAK_FLOPS if cvtype == "full" else 4.0 * N * (M + D) / PEAK_BW) \
-        / (1e-3 * out["cov_ms"])
+    out["cov_frac"] = (2.0 * N * M * cells / PEAK_FLOPS if cvtype == "full" else 4.0 * N * (M + D) / PEAK_BW) / (
+        1e-3 * out["cov_ms"]
+    )
     out["sums_bw"] = 4.0 * N * (M + D) / (1e-3 * out["sums_ms"]) / PEAK_BW
-    out["estep_frac"] = (N * M * D * D * 2.0 / PEAK_FLOPS if cvtype == "full" else 4.0 * N * (2 * M + D) / PEAK_BW) \
-        / (1e-3 * out["estep_ms"])
+    out["estep_frac"] = (N * M * D * D * 2.0 / PEAK_FLOPS if cvtype == "full" else 4.0 * N * (2 * M + D) / PEAK_BW) / (
+        1e-3 * out["estep_ms"]
+    )
     log(f"    iteration {cvtype} {out}")
     return out
 
@@ -293,7 +327,8 @@ def bench_torch(torch, X, params, cvtype, iters):
         c = covariance(Xt, r, nk, m, cvtype)
         u, ld = prec_chol(c, cvtype)
         state["resp"], ll = estep(Xt, nk / nk.sum(), m, u, ld, cvtype)
-        ll.item()   # the scalar a convergence test needs, as in asp_gmm
+        ll.item()  # the scalar a convergence test needs, as in asp_gmm
+
     iter_ms = timed(iteration)
     del Xt, resp, state
     torch.cuda.empty_cache()
@@ -306,6 +341,7 @@ def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
     except Exception as exc:  # noqa: BLE001
         return dict(error=f"torchgmm not importable: {exc!r}"[:200])
     import logging
+
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     logging.getLogger("lightning").setLevel(logging.ERROR)
     Xt = torch.as_tensor(X, device="cuda")
@@ -313,10 +349,21 @@ def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
     M = means.shape[0]
 
     def fit(k):
-        gm = GaussianMixture(M, covariance_type=cvtype, init_means=means.clone(), convergence_tolerance=0.0,
-                             trainer_params=dict(accelerator="gpu", devices=1, max_epochs=k, logger=False,
-                                                 enable_progress_bar=False, enable_checkpointing=False,
-                                                 enable_model_summary=False))
+        gm = GaussianMixture(
+            M,
+            covariance_type=cvtype,
+            init_means=means.clone(),
+            convergence_tolerance=0.0,
+            trainer_params=dict(
+                accelerator="gpu",
+                devices=1,
+                max_epochs=k,
+                logger=False,
+                enable_progress_bar=False,
+                enable_checkpointing=False,
+                enable_model_summary=False,
+            ),
+        )
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         with warnings.catch_warnings():
@@ -324,6 +371,7 @@ def bench_torchgmm(torch, X, params, cvtype, log, k1=2, k2=6):
             gm.fit(Xt)
         torch.cuda.synchronize()
         return time.perf_counter() - t0, gm.num_iter_
+
     try:
         fit(1)  # warm-up (CUDA/Lightning initialisation)
         t1, n1 = fit(k1)
@@ -344,6 +392,7 @@ def profile_once(X, params, cvtype, variant="V5", tunables=None, iters=2):
     kernels of what train() runs, the first iteration loading the binaries."""
     from asp_gmm.backends.cuda import CudaBackend
     from asp_gmm.problem import Problem
+
     N, D = X.shape
     be = CudaBackend()
     p = Problem(N, D, params[0].shape[0], cvtype, "float32")
@@ -364,20 +413,28 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--no-torchgmm", action="store_true")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch and torchgmm columns")
-    ap.add_argument("--iteration-only", action="store_true",
-                    help="only the per-EM-iteration table (V5 + default E-step, what train() runs), no V1-V4 sweep")
-    ap.add_argument("--estep-sweep", action="store_true",
-                    help="also time the E-step alone with the tunables of ESTEP_SWEEP")
-    ap.add_argument("--profile", action="store_true",
-                    help="only two EM iterations per shape and covariance type (run under ncu)")
-    ap.add_argument("--diag-variant", default="V6",
-                    help="covariance variant of the diag iteration rows (V6 needs sm_80; V5 runs everywhere)")
+    ap.add_argument(
+        "--iteration-only",
+        action="store_true",
+        help="only the per-EM-iteration table (V5 + default E-step, what train() runs), no V1-V4 sweep",
+    )
+    ap.add_argument(
+        "--estep-sweep", action="store_true", help="also time the E-step alone with the tunables of ESTEP_SWEEP"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="only two EM iterations per shape and covariance type (run under ncu)"
+    )
+    ap.add_argument(
+        "--diag-variant",
+        default="V6",
+        help="covariance variant of the diag iteration rows (V6 needs sm_80; V5 runs everywhere)",
+    )
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "gpu_bench.json"))
     a = ap.parse_args(argv)
     shapes = [tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",") if s]
     if a.profile:
         rng = np.random.default_rng(2026)
-        for (N, D, M) in shapes:
+        for N, D, M in shapes:
             X = blobs(rng, N, D, M)
             for cvtype in a.cvtypes.split(","):
                 profile_once(X, init_params(rng, X, M, cvtype), cvtype)
@@ -388,16 +445,18 @@ def main(argv=None):
 
     try:
         import torch
+
         have_torch = torch.cuda.is_available()
     except ImportError:
         torch, have_torch = None, False
     from asp_gmm.backends.cuda import CudaBackend
+
     be = CudaBackend()
     fp = be.fingerprint()
     log(f"device: {fp['model']} ({fp['arch']}, {fp['sm_count']} SMs), nvcc: {fp['compiler'][:80]}")
     results = []
     rng = np.random.default_rng(2026)
-    for (N, D, M) in shapes:
+    for N, D, M in shapes:
         X = blobs(rng, N, D, M)
         for cvtype in a.cvtypes.split(","):
             params = init_params(rng, X, M, cvtype)
@@ -405,8 +464,15 @@ def main(argv=None):
             rec = dict(N=N, D=D, M=M, cvtype=cvtype)
             rec["asp"] = [] if a.iteration_only else bench_asp(X, params, cvtype, a.iters, log)
             try:
-                rec["iteration"] = bench_iteration(X, params, cvtype, max(a.iters, 10), log, sweep=a.estep_sweep,
-                                                   variant=a.diag_variant if cvtype == "diag" else "V5")
+                rec["iteration"] = bench_iteration(
+                    X,
+                    params,
+                    cvtype,
+                    max(a.iters, 10),
+                    log,
+                    sweep=a.estep_sweep,
+                    variant=a.diag_variant if cvtype == "diag" else "V5",
+                )
             except Exception as exc:  # noqa: BLE001 - reported in the table, not fatal
                 rec["iteration"] = dict(error=repr(exc)[:300])
                 log(f"    iteration ERROR {rec['iteration']}")
@@ -424,12 +490,16 @@ def main(argv=None):
 
 
 def print_table(results):
-    print("\nms per step (CUDA events, medians). 'best cov': fastest V1-V4 covariance; E own/fast: E-step alone with "
-          "the issue-4 kernel (estep) / issue 5's estep_fast; 'it ownE'/'it fast': whole EM iteration of the best V1-V4 "
-          "configuration with each E-step; wall: host clock per iteration; tgmm: torchgmm 0.1.4 per iteration")
-    hdr = (f"{'N':>8} {'D':>3} {'M':>4} {'cv':<4} | {'V1 cov':>8} {'V2 cov':>8} {'V3 cov':>8} {'V4 cov':>8} "
-           f"| {'best cov':>8} {'E own':>6} {'E fast':>6} {'it ownE':>7} {'it fast':>7} {'wall':>7} "
-           f"| {'torch cov':>9} {'E':>6} {'iter':>7} | {'tgmm it':>8} | best V1-V4")
+    print(
+        "\nms per step (CUDA events, medians). 'best cov': fastest V1-V4 covariance; E own/fast: E-step alone with "
+        "the issue-4 kernel (estep) / issue 5's estep_fast; 'it ownE'/'it fast': whole EM iteration of the best V1-V4 "
+        "configuration with each E-step; wall: host clock per iteration; tgmm: torchgmm 0.1.4 per iteration"
+    )
+    hdr = (
+        f"{'N':>8} {'D':>3} {'M':>4} {'cv':<4} | {'V1 cov':>8} {'V2 cov':>8} {'V3 cov':>8} {'V4 cov':>8} "
+        f"| {'best cov':>8} {'E own':>6} {'E fast':>6} {'it ownE':>7} {'it fast':>7} {'wall':>7} "
+        f"| {'torch cov':>9} {'E':>6} {'iter':>7} | {'tgmm it':>8} | best V1-V4"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in results:
@@ -448,33 +518,45 @@ def print_table(results):
 
         def f(v, w=8):
             return f"{v:>{w}.2f}" if isinstance(v, (int, float)) else f"{'-':>{w}}"
+
         cells = " ".join(f(by.get(n, {}).get("cov_ms")) for n in ("V1", "V2", "V3", "V4"))
-        print(f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | {cells} | {f(bestcov)} "
-              f"{f(es.get('estep'), 6)} {f(es.get('estep_fast'), 6)} {f(ie.get('estep'), 7)} "
-              f"{f(ie.get('estep_fast'), 7)} {f(best.get('wall_ms'), 7)} | "
-              f"{f(t.get('cov_ms'), 9)} {f(t.get('estep_ms'), 6)} {f(t.get('iter_ms'), 7)} | "
-              f"{f(tg.get('iter_ms'))} | {best.get('variant', '-')}")
-    errs = [(r["N"], r["D"], r["M"], r["cvtype"], x["variant"], x["error"]) for r in results for x in r["asp"]
-            if "error" in x]
+        print(
+            f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | {cells} | {f(bestcov)} "
+            f"{f(es.get('estep'), 6)} {f(es.get('estep_fast'), 6)} {f(ie.get('estep'), 7)} "
+            f"{f(ie.get('estep_fast'), 7)} {f(best.get('wall_ms'), 7)} | "
+            f"{f(t.get('cov_ms'), 9)} {f(t.get('estep_ms'), 6)} {f(t.get('iter_ms'), 7)} | "
+            f"{f(tg.get('iter_ms'))} | {best.get('variant', '-')}"
+        )
+    errs = [
+        (r["N"], r["D"], r["M"], r["cvtype"], x["variant"], x["error"])
+        for r in results
+        for x in r["asp"]
+        if "error" in x
+    ]
     for e in errs:
         print("ERROR", *e)
     extra = [x for r in results for x in r["asp"] if "error" not in x and x["name"] not in ("V1", "V2", "V3", "V4")]
     if extra:
-        print("other variants:", "; ".join(f"{x['variant']} cov {x['cov_ms']:.2f} iter {x['iter_ms']:.2f}"
-                                           for x in extra))
+        print(
+            "other variants:", "; ".join(f"{x['variant']} cov {x['cov_ms']:.2f} iter {x['iter_ms']:.2f}" for x in extra)
+        )
     print_iteration_table(results)
 
 
 def print_iteration_table(results):
     """The last table (scripts/gpu_check.sh prints from its first line on)."""
-    print("\nper-EM-iteration through the backend (what GMM(..., backend='cuda').train runs: V5 + default E-step), "
-          "ms, CUDA-event medians; sums = moments + means launches; F+E = factor + E-step; em wall / train wall: "
-          "host clock per iteration of Session.em / of GMM.train (difference of two train() calls); cov%: full: "
-          "fraction of 51 TFLOP/s (lower triangle), diag: of 3 TB/s; sums BW: fraction of 3 TB/s; E%: full: "
-          "of the N*M*D^2 FMA floor at 51 TFLOP/s, diag: of 3 TB/s (x + resp written twice)")
-    hdr = (f"{'N':>8} {'D':>3} {'M':>4} {'cv':<4} | {'iter':>7} {'sums':>6} {'cov':>7} {'F+E':>7} {'E alone':>7} "
-           f"{'em wall':>7} {'trn wall':>8} | {'cov%':>5} {'sumsBW':>6} {'E%':>5} | {'torch it':>8} {'tgmm it':>8} "
-           f"{'x torch':>7} | variant / E-step")
+    print(
+        "\nper-EM-iteration through the backend (what GMM(..., backend='cuda').train runs: V5 + default E-step), "
+        "ms, CUDA-event medians; sums = moments + means launches; F+E = factor + E-step; em wall / train wall: "
+        "host clock per iteration of Session.em / of GMM.train (difference of two train() calls); cov%: full: "
+        "fraction of 51 TFLOP/s (lower triangle), diag: of 3 TB/s; sums BW: fraction of 3 TB/s; E%: full: "
+        "of the N*M*D^2 FMA floor at 51 TFLOP/s, diag: of 3 TB/s (x + resp written twice)"
+    )
+    hdr = (
+        f"{'N':>8} {'D':>3} {'M':>4} {'cv':<4} | {'iter':>7} {'sums':>6} {'cov':>7} {'F+E':>7} {'E alone':>7} "
+        f"{'em wall':>7} {'trn wall':>8} | {'cov%':>5} {'sumsBW':>6} {'E%':>5} | {'torch it':>8} {'tgmm it':>8} "
+        f"{'x torch':>7} | variant / E-step"
+    )
     print(hdr)
     print("-" * len(hdr))
     for r in results:
@@ -486,15 +568,18 @@ def print_iteration_table(results):
 
         def pc(v):
             return f"{100 * v:>4.0f}%" if isinstance(v, (int, float)) else f"{'-':>5}"
+
         if "error" in it:
             print(f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | ERROR {it['error']}")
             continue
         speed = t.get("iter_ms") / it["iter_ms"] if t.get("iter_ms") and it.get("iter_ms") else None
-        print(f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | {f(it.get('iter_ms'))} "
-              f"{f(it.get('sums_ms'), 6)} {f(it.get('cov_ms'))} {f(it.get('fe_ms'))} {f(it.get('estep_ms'))} "
-              f"{f(it.get('em_wall_ms'))} {f(it.get('train_wall_ms'), 8)} | {pc(it.get('cov_frac'))} "
-              f"{pc(it.get('sums_bw')):>6} {pc(it.get('estep_frac'))} | {f(t.get('iter_ms'), 8, 2)} "
-              f"{f(tg.get('iter_ms'), 8, 1)} {f(speed, 7, 1)} | {it.get('variant', '-')} / {it.get('estep', '-')}")
+        print(
+            f"{r['N']:>8} {r['D']:>3} {r['M']:>4} {r['cvtype']:<4} | {f(it.get('iter_ms'))} "
+            f"{f(it.get('sums_ms'), 6)} {f(it.get('cov_ms'))} {f(it.get('fe_ms'))} {f(it.get('estep_ms'))} "
+            f"{f(it.get('em_wall_ms'))} {f(it.get('train_wall_ms'), 8)} | {pc(it.get('cov_frac'))} "
+            f"{pc(it.get('sums_bw')):>6} {pc(it.get('estep_frac'))} | {f(t.get('iter_ms'), 8, 2)} "
+            f"{f(tg.get('iter_ms'), 8, 1)} {f(speed, 7, 1)} | {it.get('variant', '-')} / {it.get('estep', '-')}"
+        )
         for tun, ms in it.get("estep_sweep", {}).items():
             print(f"{'':>26}   E alone with {tun}: {f(ms)}")
         for tun, ms in it.get("cov_sweep", {}).items():

@@ -11,6 +11,7 @@ iteration) / iters, so seeding, compiles and the first pass cancel. The fits wit
 start from the same parameters; their covariances are compared (relative Frobenius difference).
 The table is printed last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,6 +39,7 @@ def make_block(block_info=None, rows=0, seed=0):
 
 def data(N, block, seed=0):
     import dask.array as da
+
     nb = N // block
     return da.map_blocks(make_block, chunks=((block,) * nb, (D,)), dtype=np.float32, rows=block, seed=seed)
 
@@ -53,10 +55,13 @@ def run(n_gpus, cases, iters, block, threads, backend="cuda"):
     from distributed import Client, Scheduler, SpecCluster, wait
 
     from asp_gmm import dask as adask
+
     specs = adask.gpu_worker_specs(n_gpus, threads_per_worker=threads)
     out = {}
-    with SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}) as cl, \
-            Client(cl) as client:
+    with (
+        SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}) as cl,
+        Client(cl) as client,
+    ):
         client.wait_for_workers(n_gpus)
         for cvtype, N in cases:
             t0 = time.perf_counter()
@@ -65,17 +70,38 @@ def run(n_gpus, cases, iters, block, threads, backend="cuda"):
             gen = time.perf_counter() - t0
             w, mu, cov = start(cvtype)
             res = {}
-            for k in (1, 1, 1 + iters):          # the first call compiles and explores: a warm-up
+            for k in (1, 1, 1 + iters):  # the first call compiles and explores: a warm-up
                 t0 = time.perf_counter()
-                r = adask.fit(X, M, cvtype=cvtype, weights=w, means=mu, covars=cov, min_iters=k, max_iters=k,
-                              tol=0.0, backend=backend, client=client, progress=False)
+                r = adask.fit(
+                    X,
+                    M,
+                    cvtype=cvtype,
+                    weights=w,
+                    means=mu,
+                    covars=cov,
+                    min_iters=k,
+                    max_iters=k,
+                    tol=0.0,
+                    backend=backend,
+                    client=client,
+                    progress=False,
+                )
                 res[k] = (time.perf_counter() - t0, r)
             per = (res[1 + iters][0] - res[1][0]) / iters
             r = res[1 + iters][1]
-            out[cvtype] = dict(N=N, gen_s=gen, iter_s=per, pass_s=r.pass_seconds, loglik=r.loglik,
-                               covars=r.covars, events_per_s=N / per)
-            print(json.dumps({k: v for k, v in out[cvtype].items() if k != "covars"} | dict(gpus=n_gpus, cvtype=cvtype)),
-                  flush=True)
+            out[cvtype] = dict(
+                N=N,
+                gen_s=gen,
+                iter_s=per,
+                pass_s=r.pass_seconds,
+                loglik=r.loglik,
+                covars=r.covars,
+                events_per_s=N / per,
+            )
+            print(
+                json.dumps({k: v for k, v in out[cvtype].items() if k != "covars"} | dict(gpus=n_gpus, cvtype=cvtype)),
+                flush=True,
+            )
             del X
     return out
 
@@ -96,11 +122,16 @@ def main():
     for g in [int(v) for v in a.gpus.split(",")]:
         results[g] = run(g, cases, a.iters, a.block, a.threads, a.backend)
     with open(a.json, "w") as f:
-        json.dump({g: {c: {k: v for k, v in r.items() if k != "covars"} for c, r in rs.items()}
-                   for g, rs in results.items()}, f, indent=1)
+        json.dump(
+            {g: {c: {k: v for k, v in r.items() if k != "covars"} for c, r in rs.items()} for g, rs in results.items()},
+            f,
+            indent=1,
+        )
     gs = sorted(results)
     print(f"\nDistributed EM, one Dask worker per GPU, D={D}, M={M}, float32; seconds per EM iteration")
-    print(f"{'cov':<5} {'N':>11} " + " ".join(f"{str(g) + ' GPU':>10}" for g in gs) + "   speed-up  covariances vs 1 GPU")
+    print(
+        f"{'cov':<5} {'N':>11} " + " ".join(f"{str(g) + ' GPU':>10}" for g in gs) + "   speed-up  covariances vs 1 GPU"
+    )
     for cvtype, _ in cases:
         base = results[gs[0]][cvtype]
         row = f"{cvtype:<5} {base['N']:>11} " + " ".join(f"{results[g][cvtype]['iter_s']:>10.3f}" for g in gs)

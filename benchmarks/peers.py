@@ -19,6 +19,7 @@ Accuracy: one EM iteration from the same parameters on (100000, 36, 128) data of
 +1000, relative Frobenius error of the covariances against float64 EM (asp_gmm/reference.py).
 Times are CUDA-event medians (peers) or host wall differences (asp_gmm); the table is printed last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ import tempfile
 import time
 import warnings
 
-os.environ.setdefault("SCIPY_ARRAY_API", "1")   # before scipy / scikit-learn are imported
+os.environ.setdefault("SCIPY_ARRAY_API", "1")  # before scipy / scikit-learn are imported
 
 import numpy as np  # noqa: E402
 
@@ -38,8 +39,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu import blobs, bench_torchgmm, init_params, torch_impl  # noqa: E402
 
 REG = 1e-6
-SHAPES = ["500000x36x128xfull", "1000000x64x64xfull", "200000x128x256xfull", "500000x36x128xdiag",
-          "2000000x16x8xdiag", "1000000x128x1024xdiag"]
+SHAPES = [
+    "500000x36x128xfull",
+    "1000000x64x64xfull",
+    "200000x128x256xfull",
+    "500000x36x128xdiag",
+    "2000000x16x8xdiag",
+    "1000000x128x1024xdiag",
+]
 
 
 def mixture(rng, N, D, M):
@@ -62,17 +69,20 @@ def start(rng, X, M, cvtype, well_posed):
 # ------------------------------------------------------------------------------------------ asp_gmm
 def bench_asp(X, params, cvtype, k1=2, k2=8):
     from asp_gmm import GMM
+
     M, D = params[1].shape
     Xr = np.ascontiguousarray(X)
     Xr.setflags(write=False)
 
     def train(k):
-        g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype, backend="cuda",
-                reg_covar=REG)
+        g = GMM(
+            M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype, backend="cuda", reg_covar=REG
+        )
         t0 = time.perf_counter()
         g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
         return time.perf_counter() - t0, g
-    for _ in range(12):                      # the history explores the variants, then exploits
+
+    for _ in range(12):  # the history explores the variants, then exploits
         _, g = train(k2)
         if g.last_train.reason != "explore":
             break
@@ -88,24 +98,37 @@ def bench_pinned(X, params, cvtype, pins, k1=2, k2=8):
     """ms per iteration of each pinned covariance variant with each E-step variant: {"V8+estep_tc": ms}."""
     from asp_gmm import GMM
     from asp_gmm.backends import get_backend
+
     M, D = params[1].shape
     Xr = np.ascontiguousarray(X)
     Xr.setflags(write=False)
     out = {}
-    for estep in (("estep_fast", "estep_tc") if cvtype == "full" else ("",)):
+    for estep in ("estep_fast", "estep_tc") if cvtype == "full" else ("",):
         os.environ["ASP_GMM_CUDA_ESTEP"] = estep
         getattr(get_backend("cuda"), "_estep_pick", {}).clear()
         for pin in pins:
+
             def train(k):
-                g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype,
-                        backend="cuda", reg_covar=REG, variant=pin)
+                g = GMM(
+                    M,
+                    D,
+                    means=params[1],
+                    covars=params[2],
+                    weights=params[0],
+                    cvtype=cvtype,
+                    backend="cuda",
+                    reg_covar=REG,
+                    variant=pin,
+                )
                 t0 = time.perf_counter()
                 g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
                 return time.perf_counter() - t0
+
             try:
                 train(k1)
                 out[f"{pin}+{estep}" if estep else pin] = 1e3 * min(
-                    (train(k2) - train(k1)) / (k2 - k1) for _ in range(2))
+                    (train(k2) - train(k1)) / (k2 - k1) for _ in range(2)
+                )
             except Exception as exc:  # noqa: BLE001 - a variant that cannot run here is reported
                 out[f"{pin}+{estep}" if estep else pin] = repr(exc)[:60]
     os.environ.pop("ASP_GMM_CUDA_ESTEP", None)
@@ -115,9 +138,9 @@ def bench_pinned(X, params, cvtype, pins, k1=2, k2=8):
 
 def asp_one_iteration(X, params, cvtype):
     from asp_gmm import GMM
+
     M, D = params[1].shape
-    g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype, backend="cuda",
-            reg_covar=REG)
+    g = GMM(M, D, means=params[1], covars=params[2], weights=params[0], cvtype=cvtype, backend="cuda", reg_covar=REG)
     g.train(X, min_em_iters=1, max_em_iters=1, tol=0.0)
     return g.covars.astype(np.float64)
 
@@ -125,6 +148,7 @@ def asp_one_iteration(X, params, cvtype):
 # ------------------------------------------------------------------------------------------ peers
 def _events(fn, iters):
     import torch
+
     fn()
     out = []
     for _ in range(iters):
@@ -140,6 +164,7 @@ def _events(fn, iters):
 def flash_step(flash_dir, cvtype):
     """One EM iteration with Flash-GMM's E-step and its README's M-step (parameters in float64 on the GPU)."""
     import torch
+
     sys.path.insert(0, flash_dir)
     if cvtype == "full":
         from flash_gmm_full_h100 import flash_gmm_estep_full as estep
@@ -161,11 +186,13 @@ def flash_step(flash_dir, cvtype):
             mun = mua.double() / nk[:, None]
             covn = sig.double() / nk[:, None] - (mun - mu) ** 2 + REG
         return nk / nk.sum(), mun, covn, logZ.sum()
+
     return step
 
 
 def bench_flash(flash_dir, X, params, cvtype, iters=5):
     import torch
+
     step = flash_step(flash_dir, cvtype)
     Xt = torch.as_tensor(X, device="cuda")
     p = [torch.as_tensor(a, device="cuda", dtype=torch.float64) for a in params]
@@ -177,14 +204,17 @@ def bench_flash(flash_dir, X, params, cvtype, iters=5):
 
 def flash_one_iteration(flash_dir, X, params, cvtype):
     import torch
+
     step = flash_step(flash_dir, cvtype)
-    out = step(torch.as_tensor(X, device="cuda"), *[torch.as_tensor(a, device="cuda", dtype=torch.float64)
-                                                    for a in params])
+    out = step(
+        torch.as_tensor(X, device="cuda"), *[torch.as_tensor(a, device="cuda", dtype=torch.float64) for a in params]
+    )
     return out[2].cpu().numpy()
 
 
 def bench_torch(X, params, cvtype, iters=5):
     import torch
+
     prec_chol, estep, mstep_means, covariance = torch_impl(torch)
     Xt = torch.as_tensor(X, device="cuda")
     w, mu, cov = (torch.as_tensor(a, device="cuda", dtype=torch.float32) for a in params)
@@ -197,6 +227,7 @@ def bench_torch(X, params, cvtype, iters=5):
         u, d = prec_chol(c, cvtype)
         state["resp"], ll = estep(Xt, nk / nk.sum(), m, u, d, cvtype)
         ll.item()
+
     ms = _events(iteration, iters)
     del Xt, state
     torch.cuda.empty_cache()
@@ -205,6 +236,7 @@ def bench_torch(X, params, cvtype, iters=5):
 
 def torch_one_iteration(X, params, cvtype):
     import torch
+
     prec_chol, estep, mstep_means, covariance = torch_impl(torch)
     Xt = torch.as_tensor(X, device="cuda")
     w, mu, cov = (torch.as_tensor(a, device="cuda", dtype=torch.float32) for a in params)
@@ -222,12 +254,19 @@ def bench_sklearn(X, params, cvtype, k1=2, k2=6):
     import torch
     from sklearn import config_context
     from sklearn.mixture import GaussianMixture
+
     Xt = torch.as_tensor(X, device="cuda")
     M = params[0].shape[0]
     as_t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float32), device="cuda")  # noqa: E731
-    kw = dict(covariance_type=cvtype, tol=0.0, reg_covar=REG, init_params="random",
-              weights_init=as_t(params[0]), means_init=as_t(params[1]),
-              precisions_init=as_t(_sk_precisions(params, cvtype)))
+    kw = dict(
+        covariance_type=cvtype,
+        tol=0.0,
+        reg_covar=REG,
+        init_params="random",
+        weights_init=as_t(params[0]),
+        means_init=as_t(params[1]),
+        precisions_init=as_t(_sk_precisions(params, cvtype)),
+    )
 
     def fit(k):
         torch.cuda.synchronize()
@@ -237,6 +276,7 @@ def bench_sklearn(X, params, cvtype, k1=2, k2=6):
             GaussianMixture(M, max_iter=k, **kw).fit(Xt)
         torch.cuda.synchronize()
         return time.perf_counter() - t0
+
     fit(1)
     t1, t2 = min(fit(k1) for _ in range(2)), min(fit(k2) for _ in range(2))
     del Xt
@@ -251,8 +291,12 @@ def main(argv=None):
     ap.add_argument("--peers", default="flash,torch,torchgmm,sklearn")
     ap.add_argument("--flash-dir", default=os.environ.get("ASP_GMM_FLASH_DIR", ".peers"))
     ap.add_argument("--no-accuracy", action="store_true")
-    ap.add_argument("--pinned", default="", help="also time these covariance variants pinned, e.g. V5,V8 "
-                    "(full: with each E-step variant), to report selected against best pinned")
+    ap.add_argument(
+        "--pinned",
+        default="",
+        help="also time these covariance variants pinned, e.g. V5,V8 "
+        "(full: with each E-step variant), to report selected against best pinned",
+    )
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "peers.json"))
     a = ap.parse_args(argv)
     os.environ.setdefault("ASP_GMM_DB", "sqlite:///" + os.path.join(tempfile.mkdtemp(), "history.sqlite"))
@@ -268,8 +312,12 @@ def main(argv=None):
             return dict(error=repr(exc)[:200])
 
     for spec in a.shapes.split(","):
-        N, D, M, cvtype = (int(spec.split("x")[0]), int(spec.split("x")[1]), int(spec.split("x")[2]),
-                           spec.split("x")[3])
+        N, D, M, cvtype = (
+            int(spec.split("x")[0]),
+            int(spec.split("x")[1]),
+            int(spec.split("x")[2]),
+            spec.split("x")[3],
+        )
         well = mixture(rng, N, D, M) if (cvtype == "full" and D >= 128) else None
         X = well[0] if well else blobs(rng, N, D, M)
         params = start(rng, X, M, cvtype, well)
@@ -289,6 +337,7 @@ def main(argv=None):
         del X
     if not a.no_accuracy:
         from asp_gmm import reference as ref
+
         for cvtype in ("full", "diag"):
             for off in (10.0, 1000.0):
                 rng2 = np.random.default_rng(11)
@@ -297,9 +346,11 @@ def main(argv=None):
                 r = ref.em(X.astype(np.float64), *params, cvtype, REG, 1, 1, 0.0)["covars"]
                 err = lambda c: float(np.linalg.norm(c - r) / np.linalg.norm(r))  # noqa: E731
                 row = dict(cvtype=cvtype, offset=off)
-                for name, fn in (("asp", lambda: asp_one_iteration(X, params, cvtype)),
-                                 ("flash", lambda: flash_one_iteration(a.flash_dir, X, params, cvtype)),
-                                 ("torch", lambda: torch_one_iteration(X, params, cvtype))):
+                for name, fn in (
+                    ("asp", lambda: asp_one_iteration(X, params, cvtype)),
+                    ("flash", lambda: flash_one_iteration(a.flash_dir, X, params, cvtype)),
+                    ("torch", lambda: torch_one_iteration(X, params, cvtype)),
+                ):
                     if name == "flash" and not have_flash:
                         continue
                     try:
@@ -318,14 +369,21 @@ def print_tables(rows, acc):
         if not d:
             return "-"
         return "err" if "error" in d else f"{d['iter_ms']:.2f}"
-    print("\nms per EM iteration, one H100 (asp_gmm: wall per iteration of GMM.train after the history has seen the "
-          "shape; peers: CUDA events)")
-    print(f"{'N':>8} {'D':>4} {'M':>5} {'cov':<4} | {'asp_gmm':>8} {'variant':<28} | {'Flash-GMM':>9} {'PyTorch':>8} "
-          f"{'torchgmm':>8} {'sklearn':>8}")
+
+    print(
+        "\nms per EM iteration, one H100 (asp_gmm: wall per iteration of GMM.train after the history has seen the "
+        "shape; peers: CUDA events)"
+    )
+    print(
+        f"{'N':>8} {'D':>4} {'M':>5} {'cov':<4} | {'asp_gmm':>8} {'variant':<28} | {'Flash-GMM':>9} {'PyTorch':>8} "
+        f"{'torchgmm':>8} {'sklearn':>8}"
+    )
     for r in rows:
-        print(f"{r['N']:>8} {r['D']:>4} {r['M']:>5} {r['cvtype']:<4} | {f(r['asp']):>8} "
-              f"{str(r['asp'].get('variant', r['asp'].get('error', '')))[:28]:<28} | {f(r.get('flash')):>9} "
-              f"{f(r.get('torch')):>8} {f(r.get('torchgmm')):>8} {f(r.get('sklearn')):>8}")
+        print(
+            f"{r['N']:>8} {r['D']:>4} {r['M']:>5} {r['cvtype']:<4} | {f(r['asp']):>8} "
+            f"{str(r['asp'].get('variant', r['asp'].get('error', '')))[:28]:<28} | {f(r.get('flash')):>9} "
+            f"{f(r.get('torch')):>8} {f(r.get('torchgmm')):>8} {f(r.get('sklearn')):>8}"
+        )
     pinned = [r for r in rows if r.get("pinned")]
     if pinned:
         print("\nselected against pinned (ms per iteration)")
@@ -333,15 +391,23 @@ def print_tables(rows, acc):
             ok = {k: v for k, v in r["pinned"].items() if isinstance(v, float)}
             best = min(ok, key=ok.get) if ok else None
             sel = r["asp"].get("iter_ms")
-            print(f"{r['N']:>8} {r['D']:>4} {r['M']:>5} {r['cvtype']:<4} selected {sel if sel is None else round(sel, 2)}"
-                  f" | " + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["pinned"].items())
-                  + (f" | selected/best {sel / ok[best]:.2f}" if best and sel else ""))
+            print(
+                f"{r['N']:>8} {r['D']:>4} {r['M']:>5} {r['cvtype']:<4} selected {sel if sel is None else round(sel, 2)}"
+                f" | "
+                + "  ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in r["pinned"].items())
+                + (f" | selected/best {sel / ok[best]:.2f}" if best and sel else "")
+            )
     if acc:
         print("\none EM iteration against float64 EM, (100000, 36, 128): relative error of the covariances")
         for row in acc:
-            print(f"  {row['cvtype']:<4} +{row['offset']:<6g} " + "  ".join(
-                f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
-                if k not in ("cvtype", "offset")))
+            print(
+                f"  {row['cvtype']:<4} +{row['offset']:<6g} "
+                + "  ".join(
+                    f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in row.items()
+                    if k not in ("cvtype", "offset")
+                )
+            )
     for r in rows:
         for k in ("asp", "flash", "torch", "torchgmm", "sklearn"):
             if isinstance(r.get(k), dict) and "error" in r[k]:

@@ -23,6 +23,7 @@ geometric mean is given too). The best single fixed variant is the one with the 
 mean of ``t_variant / t_fastest`` over the grid. The selection overhead per ``train`` call on a warm
 history is measured at the end (``--overhead-only`` runs only that).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,15 +64,15 @@ def measure_grid(backend, problems, repeats, max_seconds, seed, log, tunables=Fa
     t0 = time.time()
     for i, p in enumerate(problems):
         cfgs = autotune.configs_for(backend, p, tunables)
-        ms = autotune.measure(backend, p, cfgs, repeats=repeats, seed=seed, max_seconds=max_seconds,
-                              min_repeats=2)
+        ms = autotune.measure(backend, p, cfgs, repeats=repeats, seed=seed, max_seconds=max_seconds, min_repeats=2)
         data[p] = ms
         ok = [m for m in ms if m.status == "ok"]
         w = min(ok, key=lambda m: m.seconds) if ok else None
-        log(f"[{i + 1:3d}/{len(problems)} {time.time() - t0:6.0f}s] N={p.N:7d} D={p.D:3d} M={p.M:4d}  "
-            + "  ".join(f"{m.label}:{1e3 * m.seconds:.2f}" if m.status == "ok"
-                        else f"{m.label}:{m.status}" for m in ms)
-            + (f"  -> {w.label}" if w else ""))
+        log(
+            f"[{i + 1:3d}/{len(problems)} {time.time() - t0:6.0f}s] N={p.N:7d} D={p.D:3d} M={p.M:4d}  "
+            + "  ".join(f"{m.label}:{1e3 * m.seconds:.2f}" if m.status == "ok" else f"{m.label}:{m.status}" for m in ms)
+            + (f"  -> {w.label}" if w else "")
+        )
     return data
 
 
@@ -108,9 +109,20 @@ def evaluate(backend, data, folder, log):
         lplan = lsel.plan(backend, p, cands)
         hl.close()
         os.unlink(f"{folder}/loo{k}.sqlite")
-        rows.append(dict(N=p.N, D=p.D, M=p.M, times=tB, selected=autotune.short_label(plan.primary),
-                         sel_reason=plan.reason, predicted=autotune.short_label(lplan.primary),
-                         pred_reason=lplan.reason, pred_why=lplan.why, oracle=min(tB, key=tB.get)))
+        rows.append(
+            dict(
+                N=p.N,
+                D=p.D,
+                M=p.M,
+                times=tB,
+                selected=autotune.short_label(plan.primary),
+                sel_reason=plan.reason,
+                predicted=autotune.short_label(lplan.primary),
+                pred_reason=lplan.reason,
+                pred_why=lplan.why,
+                oracle=min(tB, key=tB.get),
+            )
+        )
     h.close()
     return rows
 
@@ -121,11 +133,13 @@ def unseen(rows, tolerance=0.05):
     (``predicted``: cost model or nearest neighbour, whichever its history's LOO prefers) and for
     each predictor alone (:mod:`asp_gmm.costmodel`)."""
     from asp_gmm import costmodel
+
     classes = {(math.log(r["N"]), math.log(r["D"]), math.log(r["M"])): dict(r["times"]) for r in rows}
     nn, n = costmodel.loo_accuracy(classes, costmodel.nearest_predictor, tolerance)
     md, _ = costmodel.loo_accuracy(classes, costmodel.model_predictor, tolerance)
-    sel = sum(r["times"].get(r["predicted"], math.inf) <= (1 + tolerance) * r["times"][r["oracle"]]
-              for r in rows) / len(rows)
+    sel = sum(
+        r["times"].get(r["predicted"], math.inf) <= (1 + tolerance) * r["times"][r["oracle"]] for r in rows
+    ) / len(rows)
     return dict(selector=sel, nearest=nn, model=md, shapes=n)
 
 
@@ -136,15 +150,19 @@ def oracle_gain(rows, fixed, tolerance=0.05):
     g_or = math.exp(statistics.fmean(math.log(r["times"][fixed] / r["times"][r["oracle"]]) for r in rows))
     g_sel = math.exp(statistics.fmean(math.log(r["times"][fixed] / r["times"][r["selected"]]) for r in rows))
     within = sum(r["times"][r["selected"]] <= (1 + tolerance) * r["times"][r["oracle"]] for r in rows)
-    return dict(oracle_gain=g_or - 1, selected_gain=g_sel - 1,
-                fraction=(g_sel - 1) / (g_or - 1) if g_or > 1 else 1.0, within=within, shapes=len(rows))
+    return dict(
+        oracle_gain=g_or - 1,
+        selected_gain=g_sel - 1,
+        fraction=(g_sel - 1) / (g_or - 1) if g_or > 1 else 1.0,
+        within=within,
+        shapes=len(rows),
+    )
 
 
 def summarise(rows, baseline="V1"):
     names = sorted({n for r in rows for n in r["times"]})
     full = [n for n in names if all(n in r["times"] for r in rows)]
-    geo = {n: math.exp(statistics.fmean(math.log(r["times"][n] / r["times"][r["oracle"]]) for r in rows))
-           for n in full}
+    geo = {n: math.exp(statistics.fmean(math.log(r["times"][n] / r["times"][r["oracle"]]) for r in rows)) for n in full}
     fixed = min(geo, key=geo.get)
     out = {"best_fixed": fixed, "fixed_geomean_vs_oracle": geo}
     for who in ("selected", "predicted", "oracle"):
@@ -154,40 +172,58 @@ def summarise(rows, baseline="V1"):
             i_max = int(np.argmax(speed))
             rr = [r for r in rows if ref in r["times"]][i_max]
             out[f"{who}_vs_{ref}"] = dict(
-                mean_saved=statistics.fmean(saved), max_saved=max(saved), mean_speedup=statistics.fmean(speed),
-                geomean_speedup=math.exp(statistics.fmean(map(math.log, speed))), max_speedup=max(speed),
-                at=(rr["N"], rr["D"], rr["M"]))
+                mean_saved=statistics.fmean(saved),
+                max_saved=max(saved),
+                mean_speedup=statistics.fmean(speed),
+                geomean_speedup=math.exp(statistics.fmean(map(math.log, speed))),
+                max_speedup=max(speed),
+                at=(rr["N"], rr["D"], rr["M"]),
+            )
         out[f"{who}_hits_oracle"] = sum(r[who] == r["oracle"] for r in rows) / len(rows)
     return out
 
 
 def report(rows, summ, baseline="V1"):
     fixed = summ["best_fixed"]
-    lines = [f"best single fixed variant: {fixed} (geometric mean of t / t_fastest over the grid: "
-             + ", ".join(f"{n} {v:.2f}" for n, v in sorted(summ['fixed_geomean_vs_oracle'].items())) + ")", "",
-             f"{'choice':30} {'vs':5} {'mean saved':>10} {'max saved':>10} {'mean x':>7} {'geo x':>6} {'max x':>6}"
-             f"  {'max at (N, D, M)':18} {'= fastest':>9}"]
-    for who, label in (("selected", "selected (history has problem)"), ("predicted", "predicted (leave-one-out)"),
-                       ("oracle", "fastest in half B (bound)")):
+    lines = [
+        f"best single fixed variant: {fixed} (geometric mean of t / t_fastest over the grid: "
+        + ", ".join(f"{n} {v:.2f}" for n, v in sorted(summ["fixed_geomean_vs_oracle"].items()))
+        + ")",
+        "",
+        f"{'choice':30} {'vs':5} {'mean saved':>10} {'max saved':>10} {'mean x':>7} {'geo x':>6} {'max x':>6}"
+        f"  {'max at (N, D, M)':18} {'= fastest':>9}",
+    ]
+    for who, label in (
+        ("selected", "selected (history has problem)"),
+        ("predicted", "predicted (leave-one-out)"),
+        ("oracle", "fastest in half B (bound)"),
+    ):
         for ref in dict.fromkeys((baseline, fixed)):
             s = summ[f"{who}_vs_{ref}"]
-            lines.append(f"{label:30} {ref:5} {fmt_pct(s['mean_saved']):>10} {fmt_pct(s['max_saved']):>10} "
-                         f"{s['mean_speedup']:7.2f} {s['geomean_speedup']:6.2f} {s['max_speedup']:6.2f}  "
-                         f"{str(s['at']):18} {100 * summ[f'{who}_hits_oracle']:8.0f}%")
+            lines.append(
+                f"{label:30} {ref:5} {fmt_pct(s['mean_saved']):>10} {fmt_pct(s['max_saved']):>10} "
+                f"{s['mean_speedup']:7.2f} {s['geomean_speedup']:6.2f} {s['max_speedup']:6.2f}  "
+                f"{str(s['at']):18} {100 * summ[f'{who}_hits_oracle']:8.0f}%"
+            )
     return "\n".join(lines)
 
 
 def per_problem_table(rows, baseline="V1"):
     names = sorted({n for r in rows for n in r["times"]})
-    head = f"{'N':>7} {'D':>3} {'M':>4} " + " ".join(f"{n:>9}" for n in names) + \
-        f" {'selected':>8} {'predicted':>9} {'saved vs ' + baseline:>13}"
+    head = (
+        f"{'N':>7} {'D':>3} {'M':>4} "
+        + " ".join(f"{n:>9}" for n in names)
+        + f" {'selected':>8} {'predicted':>9} {'saved vs ' + baseline:>13}"
+    )
     out = [head]
     for r in rows:
         t = r["times"]
         saved = 1 - t[r["selected"]] / t[baseline] if baseline in t else float("nan")
-        out.append(f"{r['N']:7d} {r['D']:3d} {r['M']:4d} " + " ".join(
-            f"{1e3 * t[n]:9.2f}" if n in t else f"{'-':>9}" for n in names)
-            + f" {r['selected']:>8} {r['predicted']:>9} {fmt_pct(saved):>13}")
+        out.append(
+            f"{r['N']:7d} {r['D']:3d} {r['M']:4d} "
+            + " ".join(f"{1e3 * t[n]:9.2f}" if n in t else f"{'-':>9}" for n in names)
+            + f" {r['selected']:>8} {r['predicted']:>9} {fmt_pct(saved):>13}"
+        )
     out.append("(milliseconds per EM iteration, half B)")
     return "\n".join(out)
 
@@ -201,6 +237,7 @@ def overhead(backend_name, calls, log):
     """Selection cost per train call on a warm history: plan, record, and whole small train calls."""
     from asp_gmm import GMM
     from asp_gmm import selection
+
     os.environ["ASP_GMM_AUTOTUNE"] = "1"
     folder = tempfile.mkdtemp(prefix="asp_gmm_overhead_")
     os.environ["ASP_GMM_DB"] = f"sqlite:///{folder}/h.sqlite"
@@ -209,7 +246,7 @@ def overhead(backend_name, calls, log):
     X = rng.standard_normal((200, 19)).astype(np.float32)
     g = GMM(4, 19, backend=backend_name)
     selection.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
-    for _ in range(30):   # explore the variants, then search their tunables until converged
+    for _ in range(30):  # explore the variants, then search their tunables until converged
         g.train(X, max_em_iters=3)
         if g.last_train.reason == "history":
             break
@@ -241,6 +278,7 @@ def overhead(backend_name, calls, log):
 
     class Timed(HistorySelector):
         """The default selector, timing its own plan and record inside real train calls."""
+
         spent = 0.0
 
         def plan(self, *a, **k):
@@ -275,14 +313,25 @@ def overhead(backend_name, calls, log):
     rule_us, hist_us = statistics.median(rule), statistics.median(hist)
     inside_us = timed.spent / (block * len(hist)) * 1e6
     rows = History(os.environ["ASP_GMM_DB"]).count()
-    res = dict(plan_us=plan_us, record_us=record_us, selection_us_per_train=inside_us, train_rule_us=rule_us,
-               train_history_us=hist_us, calls=calls, rows_after=rows)
-    log(f"selection overhead per train call on a warm history (plan + record + their share of the batched "
-        f"writes and refreshes, timed inside {block * len(hist)} real train calls): {inside_us:.1f} us")
-    log(f"in isolation: plan {plan_us:.1f} us, record {record_us:.1f} us (writes included); "
+    res = dict(
+        plan_us=plan_us,
+        record_us=record_us,
+        selection_us_per_train=inside_us,
+        train_rule_us=rule_us,
+        train_history_us=hist_us,
+        calls=calls,
+        rows_after=rows,
+    )
+    log(
+        f"selection overhead per train call on a warm history (plan + record + their share of the batched "
+        f"writes and refreshes, timed inside {block * len(hist)} real train calls): {inside_us:.1f} us"
+    )
+    log(
+        f"in isolation: plan {plan_us:.1f} us, record {record_us:.1f} us (writes included); "
         f"{calls} train calls each way (N=200, D=19, M=4, 3 iterations; median of blocks of {block}): "
         f"{rule_us:.0f} us per call with the fixed rule, {hist_us:.0f} us with the history "
-        f"({hist_us - rule_us:+.0f} us); {rows} rows stored")
+        f"({hist_us - rule_us:+.0f} us); {rows} rows stored"
+    )
     return res
 
 
@@ -297,6 +346,7 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
     """
     import asp_gmm
     from asp_gmm import GMM
+
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((M, D)) * 4
     X = (centres[rng.integers(0, M, N)] + rng.standard_normal((N, D))).astype(np.float32)
@@ -312,6 +362,7 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
                 t0 = time.perf_counter()
                 g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
                 return time.perf_counter() - t0, g.last_train
+
             t, res = call()
             firsts.append(t)
             explored.append(list(res.explored))
@@ -323,10 +374,23 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
             t, res = call()
             warms.append(t)
             chosen.append(res.variant)
-            log(f"  repeat {r}: first {firsts[-1]:.2f} s (explored {', '.join(explored[-1]) or '-'}), "
-                f"warm after {n} calls {t:.2f} s ({res.variant})")
-    out = dict(N=N, D=D, M=M, iters=iters, first=min(firsts), warm=min(warms), firsts=firsts, warms=warms,
-               explored=explored, calls_to_warm=calls_to_warm, chosen=chosen)
+            log(
+                f"  repeat {r}: first {firsts[-1]:.2f} s (explored {', '.join(explored[-1]) or '-'}), "
+                f"warm after {n} calls {t:.2f} s ({res.variant})"
+            )
+    out = dict(
+        N=N,
+        D=D,
+        M=M,
+        iters=iters,
+        first=min(firsts),
+        warm=min(warms),
+        firsts=firsts,
+        warms=warms,
+        explored=explored,
+        calls_to_warm=calls_to_warm,
+        chosen=chosen,
+    )
     out["ratio"] = out["first"] / out["warm"]
     return out
 
@@ -343,15 +407,24 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calls", type=int, default=2000, help="train calls in the overhead measurement")
     ap.add_argument("--overhead-only", action="store_true")
-    ap.add_argument("--defaults-only", action="store_true",
-                    help="measure each variant's default tunables only (the grid is then cheaper, but the "
-                         "oracle is over variants only)")
-    ap.add_argument("--first-call", action="store_true",
-                    help="only the first call on a fresh history against a warm one (CPU: N=1.5M, D=19, M=16; "
-                         "cuda: N=50M, D=36, M=128), 10 iterations")
+    ap.add_argument(
+        "--defaults-only",
+        action="store_true",
+        help="measure each variant's default tunables only (the grid is then cheaper, but the "
+        "oracle is over variants only)",
+    )
+    ap.add_argument(
+        "--first-call",
+        action="store_true",
+        help="only the first call on a fresh history against a warm one (CPU: N=1.5M, D=19, M=16; "
+        "cuda: N=50M, D=36, M=128), 10 iterations",
+    )
     ap.add_argument("--first-repeats", type=int, default=3)
-    ap.add_argument("--quick", action="store_true",
-                    help="GPU: first call at N=10M, 2 repeats, and 8 shapes with default tunables (about 4 minutes)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="GPU: first call at N=10M, 2 repeats, and 8 shapes with default tunables (about 4 minutes)",
+    )
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
 
@@ -362,14 +435,19 @@ def main(argv=None):
     result = {"backend": args.backend, "device_id": backend.device_id, "fingerprint": backend.fingerprint()}
     if args.first_call or args.quick:
         gpu = args.backend == "cuda"
-        N = int(float(args.N)) if args.N and "," not in args.N else (
-            (10_000_000 if args.quick else 50_000_000) if gpu else 1_500_000)
+        N = (
+            int(float(args.N))
+            if args.N and "," not in args.N
+            else ((10_000_000 if args.quick else 50_000_000) if gpu else 1_500_000)
+        )
         D, M = (36, 128) if gpu else (19, 16)
         log(f"first call against warm, {args.backend}, N={N}, D={D}, M={M}, 10 iterations")
         fc = first_call(args.backend, N, D, M, 10, 2 if args.quick else args.first_repeats, log)
         result["first_call"] = fc
-        log(f"\n| backend | N | D | M | first (s) | warm (s) | first/warm | target |\n|---|---|---|---|---|---|---|---|\n"
-            f"| {args.backend} | {N} | {D} | {M} | {fc['first']:.2f} | {fc['warm']:.2f} | {fc['ratio']:.2f} | <= 1.2 |")
+        log(
+            f"\n| backend | N | D | M | first (s) | warm (s) | first/warm | target |\n|---|---|---|---|---|---|---|---|\n"
+            f"| {args.backend} | {N} | {D} | {M} | {fc['first']:.2f} | {fc['warm']:.2f} | {fc['ratio']:.2f} | <= 1.2 |"
+        )
         if args.first_call:
             out = Path(args.out or Path(__file__).parent / "out" / f"selection_first_{args.backend}.json")
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -385,8 +463,10 @@ def main(argv=None):
             if getattr(args, k):
                 g[k] = autotune.parse_grid(getattr(args, k))
         problems = autotune.grid(g["N"], g["D"], g["M"])
-        log(f"{args.backend} {backend.fingerprint().get('model', '')}: {len(problems)} problems, "
-            f"N {g['N']}, D {g['D']}, M {g['M']}, full, float32")
+        log(
+            f"{args.backend} {backend.fingerprint().get('model', '')}: {len(problems)} problems, "
+            f"N {g['N']}, D {g['D']}, M {g['M']}, full, float32"
+        )
         t0 = time.time()
         data = measure_grid(backend, problems, args.repeats, args.max_seconds, args.seed, log, not args.defaults_only)
         with tempfile.TemporaryDirectory(prefix="asp_gmm_bench_") as folder:
@@ -398,11 +478,13 @@ def main(argv=None):
         log(report(rows, summ))
         og, un = oracle_gain(rows, summ["best_fixed"]), unseen(rows)
         summ.update(oracle=og, unseen=un)
-        log(f"\n| grid | shapes | best fixed | oracle gain | selected gain | fraction | within 5 % | "
+        log(
+            f"\n| grid | shapes | best fixed | oracle gain | selected gain | fraction | within 5 % | "
             f"LOO selector | LOO nearest | LOO model |\n|---|---|---|---|---|---|---|---|---|---|\n"
             f"| {args.backend} | {og['shapes']} | {summ['best_fixed']} | {fmt_pct(og['oracle_gain'])} | "
             f"{fmt_pct(og['selected_gain'])} | {100 * og['fraction']:.0f} % | {og['within']}/{og['shapes']} | "
-            f"{100 * un['selector']:.0f} % | {100 * un['nearest']:.0f} % | {100 * un['model']:.0f} % |")
+            f"{100 * un['selector']:.0f} % | {100 * un['nearest']:.0f} % | {100 * un['model']:.0f} % |"
+        )
         log(f"\nmeasured in {time.time() - t0:.0f} s")
         result.update(grid=g, rows=rows, summary=summ)
     result["overhead"] = overhead(args.backend, args.calls, log)

@@ -17,6 +17,7 @@ problem class (``tune s``; ``ASP_GMM_AUTOTUNE=0`` skips it and uses the fixed ru
 Printed: a Markdown table (iterations, converged, seconds, seconds per iteration, lower bound of each,
 their relative difference, speed-up) and, with ``--json PATH``, the rows as JSON.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,8 +52,10 @@ def parse_sizes(text):
 def _blas_limit(threads):
     if threads is None:
         import contextlib
+
         return contextlib.nullcontext()
     from threadpoolctl import threadpool_limits
+
     return threadpool_limits(limits=threads, user_api="blas")
 
 
@@ -67,6 +70,7 @@ def _tune(X, M, cvtype, dtype, args):
     from asp_gmm import GaussianMixture, selection
     from asp_gmm.problem import Problem
     from asp_gmm.specializer import Specializer
+
     if not selection.autotune_enabled():
         return 0.0
     spec = Specializer(args.backend)
@@ -78,8 +82,15 @@ def _tune(X, M, cvtype, dtype, args):
             break
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            GaussianMixture(M, covariance_type=cvtype, max_iter=len(plan.explore) + 1, tol=0.0,
-                            random_state=0, backend=args.backend, dtype=dtype).fit(X)
+            GaussianMixture(
+                M,
+                covariance_type=cvtype,
+                max_iter=len(plan.explore) + 1,
+                tol=0.0,
+                random_state=0,
+                backend=args.backend,
+                dtype=dtype,
+            ).fit(X)
     spent = time.perf_counter() - t
     _say(f"tuning {spent:.1f} s (plan: {plan.primary.label}, {plan.reason})")
     return spent
@@ -97,8 +108,9 @@ def run_case(N, D, M, cvtype, args):
     t = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        GaussianMixture(M, max_iter=2, random_state=0, backend=args.backend, dtype=dtype,
-                        covariance_type=cvtype).fit(X[: max(20 * M, 2000)])
+        GaussianMixture(M, max_iter=2, random_state=0, backend=args.backend, dtype=dtype, covariance_type=cvtype).fit(
+            X[: max(20 * M, 2000)]
+        )
     compile_s = time.perf_counter() - t
     _say(f"{N}x{D}x{M} {cvtype}: warm-up {compile_s:.1f} s")
 
@@ -110,8 +122,17 @@ def run_case(N, D, M, cvtype, args):
     init = dict(weights_init=g0.weights_, means_init=g0.means_, precisions_init=g0.precisions_)
     _say(f"init {init_s:.1f} s")
 
-    row = dict(N=N, D=D, M=M, cvtype=cvtype, backend=args.backend, dtype=args.dtype,
-               compile_s=compile_s, tune_s=tune_s, init_s=init_s)
+    row = dict(
+        N=N,
+        D=D,
+        M=M,
+        cvtype=cvtype,
+        backend=args.backend,
+        dtype=args.dtype,
+        compile_s=compile_s,
+        tune_s=tune_s,
+        init_s=init_s,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         t = time.perf_counter()
@@ -140,18 +161,25 @@ def run_case(N, D, M, cvtype, args):
 
 
 def fmt_table(rows):
-    head = ("| N, D, M | cov | asp_gmm backend/dtype | init s | sklearn s (iters) | asp_gmm s (iters) "
-            "| s/iter sklearn / asp_gmm | lower bound rel. diff | speed-up |")
+    head = (
+        "| N, D, M | cov | asp_gmm backend/dtype | init s | sklearn s (iters) | asp_gmm s (iters) "
+        "| s/iter sklearn / asp_gmm | lower bound rel. diff | speed-up |"
+    )
     lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for r in rows:
         sk = f"{r['sk_s']:.2f} ({r['sk_iters']}{'' if r['sk_conv'] else ', not conv.'})" if "sk_s" in r else "-"
         asp = f"{r['asp_s']:.2f} ({r['asp_iters']}{'' if r['asp_conv'] else ', not conv.'})"
-        per = (f"{r['sk_s'] / max(r['sk_iters'], 1):.3f} / {r['asp_s'] / max(r['asp_iters'], 1):.3f}"
-               if "sk_s" in r else f"- / {r['asp_s'] / max(r['asp_iters'], 1):.3f}")
+        per = (
+            f"{r['sk_s'] / max(r['sk_iters'], 1):.3f} / {r['asp_s'] / max(r['asp_iters'], 1):.3f}"
+            if "sk_s" in r
+            else f"- / {r['asp_s'] / max(r['asp_iters'], 1):.3f}"
+        )
         diff = f"{r['lb_rel_diff']:.1e}" if "lb_rel_diff" in r else "-"
         sp = f"{r['speedup']:.1f}x" if "speedup" in r else "-"
-        lines.append(f"| {r['N']}, {r['D']}, {r['M']} | {r['cvtype']} | {r['backend']}/{r['dtype']} "
-                     f"| {r['init_s']:.2f} | {sk} | {asp} | {per} | {diff} | {sp} |")
+        lines.append(
+            f"| {r['N']}, {r['D']}, {r['M']} | {r['cvtype']} | {r['backend']}/{r['dtype']} "
+            f"| {r['init_s']:.2f} | {sk} | {asp} | {per} | {diff} | {sp} |"
+        )
     return "\n".join(lines)
 
 
@@ -160,28 +188,47 @@ def main(argv=None):
     p.add_argument("--backend", default="auto", choices=["auto", "c", "cuda"])
     p.add_argument("--sizes", default="150000x19x16,500000x36x128", help="NxDxM,... (default: %(default)s)")
     p.add_argument("--cvtypes", default="full,diag")
-    p.add_argument("--dtype", default="float64", choices=["float64", "float32"],
-                   help="asp_gmm's working precision (scikit-learn always gets the float64 data)")
+    p.add_argument(
+        "--dtype",
+        default="float64",
+        choices=["float64", "float32"],
+        help="asp_gmm's working precision (scikit-learn always gets the float64 data)",
+    )
     p.add_argument("--max-iter", type=int, default=100)
-    p.add_argument("--spread", type=float, default=1.0,
-                   help="standard deviation of the true centres (unit-scale clusters): smaller "
-                        "overlaps more and takes EM more iterations (default: %(default)s)")
+    p.add_argument(
+        "--spread",
+        type=float,
+        default=1.0,
+        help="standard deviation of the true centres (unit-scale clusters): smaller "
+        "overlaps more and takes EM more iterations (default: %(default)s)",
+    )
     p.add_argument("--tol", type=float, default=1e-3)
-    p.add_argument("--sk-blas-threads", type=int, default=None,
-                   help="limit scikit-learn's BLAS threads (default: the library's own choice)")
+    p.add_argument(
+        "--sk-blas-threads",
+        type=int,
+        default=None,
+        help="limit scikit-learn's BLAS threads (default: the library's own choice)",
+    )
     p.add_argument("--skip-sklearn", action="store_true", help="time asp_gmm only")
-    p.add_argument("--time-sklearn-init", action="store_true",
-                   help="also time scikit-learn's own k-means initialisation on all events")
+    p.add_argument(
+        "--time-sklearn-init",
+        action="store_true",
+        help="also time scikit-learn's own k-means initialisation on all events",
+    )
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args(argv)
 
     from asp_gmm.specializer import Specializer
     import sklearn
+
     backend_name = Specializer(args.backend).backend.name if args.backend != "auto" else "auto"
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()}, "
-          f"python {sys.version.split()[0]}, scikit-learn {sklearn.__version__}, numpy {np.__version__}, "
-          f"asp_gmm backend {args.backend} ({backend_name}), sklearn BLAS threads "
-          f"{args.sk_blas_threads or 'default'}", flush=True)
+    print(
+        f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load {os.getloadavg()}, "
+        f"python {sys.version.split()[0]}, scikit-learn {sklearn.__version__}, numpy {np.__version__}, "
+        f"asp_gmm backend {args.backend} ({backend_name}), sklearn BLAS threads "
+        f"{args.sk_blas_threads or 'default'}",
+        flush=True,
+    )
     rows = []
     for N, D, M in parse_sizes(args.sizes):
         for cv in args.cvtypes.split(","):
@@ -190,8 +237,10 @@ def main(argv=None):
             print(json.dumps(r), flush=True)
     print(f"# load after: {os.getloadavg()}")
     print(fmt_table(rows))
-    print("\ncompile/warm-up s, tuning s: " + ", ".join(
-        f"{r['N']}x{r['D']}x{r['M']} {r['cvtype']}: {r['compile_s']:.2f}, {r['tune_s']:.2f}" for r in rows))
+    print(
+        "\ncompile/warm-up s, tuning s: "
+        + ", ".join(f"{r['N']}x{r['D']}x{r['M']} {r['cvtype']}: {r['compile_s']:.2f}, {r['tune_s']:.2f}" for r in rows)
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

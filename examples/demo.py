@@ -1,7 +1,8 @@
 """Smallest use of the package: train a GMM on generated data and show what the specializer chose.
 
-    python examples/demo.py [--N 150000] [--D 19] [--M 16] [--backend auto]
+python examples/demo.py [--N 150000] [--D 19] [--M 16] [--backend auto]
 """
+
 import argparse
 import time
 
@@ -24,5 +25,7 @@ g.train(X[:2000], max_em_iters=1)  # compiles (first time only) and warms the ca
 t = time.perf_counter()
 ll = g.train(X, max_em_iters=10)
 dt = time.perf_counter() - t
-print(f"backend {g.backend}, variant {g.last_variant}: {g.n_iter} EM iterations, "
-      f"log-likelihood {ll:.6g} ({ll / a.N:.4f} per event), {dt:.3f} s ({dt / max(g.n_iter, 1) * 1e3:.1f} ms/iteration)")
+print(
+    f"backend {g.backend}, variant {g.last_variant}: {g.n_iter} EM iterations, "
+    f"log-likelihood {ll:.6g} ({ll / a.N:.4f} per event), {dt:.3f} s ({dt / max(g.n_iter, 1) * 1e3:.1f} ms/iteration)"
+)

@@ -1,5 +1,6 @@
 """Shared fixtures: every test gets a private compile cache and tuning database unless it asks for the
 session-wide compile cache (compiling is the slow part, so most tests share one)."""
+
 import os
 import re
 import tempfile
@@ -17,6 +18,7 @@ def rng(request):
     """A fresh generator per test, seeded from the test's name so that a failure can be replayed,
     but different across tests (never zeros, never the same data twice)."""
     import zlib
+
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
@@ -47,6 +49,7 @@ def train_vs_reference(rng, X, M, cvtype, iters, **gmm_kw):
     ``gmm_kw`` go to :class:`asp_gmm.GMM` (backend, variant, dtype...)."""
     from asp_gmm import GMM
     from asp_gmm import reference as ref
+
     w, mu, cv = init_params(rng, X, M, cvtype)
     r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, iters, iters, 0.0)
     g = GMM(M, X.shape[1], means=mu, covars=cv, weights=w, cvtype=cvtype, **gmm_kw)
@@ -62,6 +65,7 @@ def session_vs_reference(rng, X, M, cvtype, variant, tunables, iters=2):
     from asp_gmm import reference as ref
     from asp_gmm.backends import cuda as cu
     from asp_gmm.problem import Problem
+
     N, D = X.shape
     be = cu.CudaBackend()
     p = Problem(N, D, M, cvtype, "float32")
@@ -81,8 +85,14 @@ def session_vs_reference(rng, X, M, cvtype, variant, tunables, iters=2):
 def reference_estep(g, X):
     """The float64 reference E-step ``(logprob (N,), posteriors (N, M))`` under g's parameters."""
     from asp_gmm import reference as ref
-    return ref.estep(X.astype(np.float64), g.weights.astype(np.float64), g.means.astype(np.float64),
-                     g.covars.astype(np.float64), g.cvtype)
+
+    return ref.estep(
+        X.astype(np.float64),
+        g.weights.astype(np.float64),
+        g.means.astype(np.float64),
+        g.covars.astype(np.float64),
+        g.cvtype,
+    )
 
 
 _NUMBER = re.compile(r"\b\d+(\.\d*)?([eE][-+]?\d+)?[fFuUlL]*\b")

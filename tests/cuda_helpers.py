@@ -4,6 +4,7 @@
 tensor-core centring with the exact float64 sums; ``labelled_blobs`` makes blobs with the parameters of
 their true labelling.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +18,7 @@ def mstep_probe(X, weights, means, covars, tunables=None):
     from the posteriors V6 read, tc (M, D) the tensor-core centring from its partials, acc (M, D) what
     V6 wrote (guarded), ratio (M, D) = S2 / exact, flags (M,) bool."""
     from asp_gmm.backends import cuda as cu
+
     N, D = X.shape
     M = len(weights)
     be = cu.CudaBackend()
@@ -36,8 +38,8 @@ def mstep_probe(X, weights, means, covars, tunables=None):
             scr = b.ensure_scratch(nbytes)
             ev = [drv.Event() for _ in range(len(confs) + 1)]
             ev[0].record(b.stream)
-            singles = [[conf] for conf in confs]   # kept alive: _run_plan memoises by the list's id
-            for i, one in enumerate(singles):      # V6's launches one by one, timed
+            singles = [[conf] for conf in confs]  # kept alive: _run_plan memoises by the list's id
+            for i, one in enumerate(singles):  # V6's launches one by one, timed
                 s._run_plan(one, scr)
                 ev[i + 1].record(b.stream)
             s._sync()
@@ -57,11 +59,11 @@ def mstep_probe(X, weights, means, covars, tunables=None):
     Xd = X.astype(np.float32).astype(np.float64)
     exact = np.stack([(r[c][:, None] * (Xd - mu[c]) ** 2).sum(0) for c in range(M)])
     shift = scratch[:D]
-    flags = scratch[D:D + M] != 0
-    part = scratch[D + M:].reshape(tun["blocks"], M, 2 * D + 1).sum(0)
-    s1, s0, s2 = part[:, :D], part[:, D], part[:, D + 1:]
+    flags = scratch[D : D + M] != 0
+    part = scratch[D + M :].reshape(tun["blocks"], M, 2 * D + 1).sum(0)
+    s1, s0, s2 = part[:, :D], part[:, D], part[:, D + 1 :]
     mup = mu - shift
-    tc = s2 - 2 * mup * s1 + mup ** 2 * s0[:, None]
+    tc = s2 - 2 * mup * s1 + mup**2 * s0[:, None]
     return dict(exact=exact, tc=tc, acc=acc.reshape(M, D), ratio=s2 / exact, flags=flags, launch_ms=launch_ms)
 
 

@@ -11,6 +11,7 @@ N in {10 000, 100 000} x D in {2, 4, 8, 16, 32} x M in {1, 4, 16, 64} except the
     V2 = 1.3 * min(V3, V4)                     (never the best, within 1.5x)
     V1 = 3.0 * min(V3, V4)                     (always far slower: pruned)
 """
+
 import json
 from pathlib import Path
 
@@ -35,16 +36,40 @@ def main():
                     i += 1
                     s = cost(name, D, M) * N
                     tun = '{"chunk":4}' if name == "V3" else "{}"
-                    timings.append({"device_id": DEVICE, "variant": {"backend": "fake", "name": name, "tunables": tun,
-                                                                     "source_sha256": f"sha-{name}"},
-                                    "N": N, "D": D, "M": M, "cvtype": "full", "dtype": "float32", "status": "ok",
-                                    "seconds": s, "cov_seconds": s / 2, "repeats": 3,
-                                    "created_at": "2026-11-20T10:00:00", "package_version": "0.1.0",
-                                    "uid": f"rules{i:05d}", "threads": 2, "sampled_from": None})
-    doc = {"format": "asp_gmm-history", "schema_version": 3, "exported_at": "2026-11-20T12:00:00",
-           "devices": [{"id": DEVICE, "fingerprint": {"backend": "fake", "model": "replay-cpu", "threads": 2,
-                                                      "compiler": "none"}}],
-           "timings": timings}
+                    timings.append(
+                        {
+                            "device_id": DEVICE,
+                            "variant": {
+                                "backend": "fake",
+                                "name": name,
+                                "tunables": tun,
+                                "source_sha256": f"sha-{name}",
+                            },
+                            "N": N,
+                            "D": D,
+                            "M": M,
+                            "cvtype": "full",
+                            "dtype": "float32",
+                            "status": "ok",
+                            "seconds": s,
+                            "cov_seconds": s / 2,
+                            "repeats": 3,
+                            "created_at": "2026-11-20T10:00:00",
+                            "package_version": "0.1.0",
+                            "uid": f"rules{i:05d}",
+                            "threads": 2,
+                            "sampled_from": None,
+                        }
+                    )
+    doc = {
+        "format": "asp_gmm-history",
+        "schema_version": 3,
+        "exported_at": "2026-11-20T12:00:00",
+        "devices": [
+            {"id": DEVICE, "fingerprint": {"backend": "fake", "model": "replay-cpu", "threads": 2, "compiler": "none"}}
+        ],
+        "timings": timings,
+    }
     (Path(__file__).parent / "data" / "replay_rules.json").write_text(json.dumps(doc, indent=0))
 
 

@@ -1,6 +1,7 @@
 """The compile cache's trust checks (a binary is loaded only from folders and files no other user
 could have written), its modes, a shared read-only cache, unusable folders, and the temporary files
 of killed compiles. Run as root, "another user" is an unused uid the files are chowned to."""
+
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ def cdir(tmp_path, monkeypatch):
     d = tmp_path / "cache"
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(d))
     from asp_gmm.runtime import default_runtime
+
     monkeypatch.setattr(default_runtime(), "warned", set())
     return d
 
@@ -90,9 +92,9 @@ def test_a_trusted_owner_may_keep_the_cache(cdir, monkeypatch):
 @as_root
 def test_sticky_folder_serves_its_owners_entries_only(cdir):
     b = cache.build(_src(), ".so", CMD, ["k"], "t")
-    os.chmod(cdir, 0o1777)          # like /tmp
+    os.chmod(cdir, 0o1777)  # like /tmp
     assert cache.build(_src(), ".so", CMD, ["k"], "t") == b
-    os.chown(b.parent, OTHER_UID, OTHER_UID)    # a sub-folder someone else made there first
+    os.chown(b.parent, OTHER_UID, OTHER_UID)  # a sub-folder someone else made there first
     with pytest.raises(UnsafeCacheError, match=f"uid {OTHER_UID}"):
         cache.lookup(_src(), ".so", ["k"], "t")
 
@@ -130,13 +132,13 @@ def test_a_planted_binary_with_its_own_digest_never_runs(tmp_path):
     meta = json.loads(sidecar.read_text())
     meta["sha256"] = cache._file_sha256(core)
     sidecar.write_text(json.dumps(meta))
-    os.chmod(core.parent, 0o777)                 # the folder others could write...
+    os.chmod(core.parent, 0o777)  # the folder others could write...
     for p in (core, sidecar):
-        os.chown(p, OTHER_UID, OTHER_UID)        # ...and did
+        os.chown(p, OTHER_UID, OTHER_UID)  # ...and did
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(VICTIM)], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "UnsafeCacheError" in r.stderr and str(core.parent) in r.stderr
     assert not marker.exists()
-    os.chmod(core.parent, 0o700)                 # the folder fixed, the planted files are still not ours
+    os.chmod(core.parent, 0o700)  # the folder fixed, the planted files are still not ours
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(VICTIM)], env=env, capture_output=True, text=True)
     assert r.returncode != 0 and "UnsafeCacheError" in r.stderr and str(core) in r.stderr
     assert not marker.exists()
@@ -164,7 +166,7 @@ def test_shared_read_only_cache_is_read_without_locks_and_extended_privately(cdi
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         assert cache.build(_src(0), ".so", CMD, ["k"], "t") == b
-        assert sorted(cdir.rglob("*")) == before          # no lock file, nothing written
+        assert sorted(cdir.rglob("*")) == before  # no lock file, nothing written
         assert w == []
         c1 = cache.build(_src(1), ".so", CMD, ["k"], "t")
         c2 = cache.build(_src(2), ".so", CMD, ["k"], "t")
@@ -172,14 +174,14 @@ def test_shared_read_only_cache_is_read_without_locks_and_extended_privately(cdi
     assert sorted(cdir.rglob("*")) == before
     msgs = [str(x.message) for x in w]
     assert len(msgs) == 1 and str(cdir) in msgs[0] and "read-only" in msgs[0] and str(private) in msgs[0]
-    assert cache.lookup(_src(1), ".so", ["k"], "t") == c1       # found again in the private cache
+    assert cache.lookup(_src(1), ".so", ["k"], "t") == c1  # found again in the private cache
 
 
 @as_root
 def test_read_only_cache_as_its_owner_is_not_written_either(cdir, tmp_path, monkeypatch):
     cache.build(_src(0), ".so", CMD, ["k"], "t")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    os.chmod(cdir, 0o555)          # made read-only on purpose: root's bypass of modes does not count
+    os.chmod(cdir, 0o555)  # made read-only on purpose: root's bypass of modes does not count
     try:
         with pytest.warns(RuntimeWarning, match="read-only"):
             c1 = cache.build(_src(1), ".so", CMD, ["k"], "t")
@@ -200,8 +202,9 @@ def test_unusable_cache_folder_names_the_variable(tmp_path, monkeypatch):
             msg = str(info.value)
             assert str(where) in msg and "ASP_GMM_CACHE_DIR" in msg and what in msg
     from asp_gmm.backends.c import CBackend
+
     with pytest.raises(CacheError, match="ASP_GMM_CACHE_DIR"):
-        GMM(2, 2, backend=CBackend()).train(X)   # a fresh backend: nothing loaded yet
+        GMM(2, 2, backend=CBackend()).train(X)  # a fresh backend: nothing loaded yet
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
     key, _ = cache._key(_src(), ["k"], "t")
     (tmp_path / "cache").mkdir(mode=0o700)
@@ -239,4 +242,4 @@ def test_temporaries_of_a_killed_compile_are_removed(cdir):
     b = cache.build(src, ".so", CMD, ["k"], "t")
     assert b.parent == folder and b.exists()
     assert not any(t.exists() for t in temps) and not old.exists()
-    assert young.exists()             # maybe another process's compile in progress: kept
+    assert young.exists()  # maybe another process's compile in progress: kept

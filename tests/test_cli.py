@@ -1,4 +1,5 @@
 """The ``asp-gmm`` command: tune over a small grid, history list/export/import/clear, info."""
+
 import json
 import subprocess
 import sys
@@ -29,8 +30,24 @@ def test_console_script_is_declared():
 
 def test_tune_records_every_timing_and_train_then_uses_them(db, tmp_path, capsys, monkeypatch):
     png, js = tmp_path / "map.png", tmp_path / "t.json"
-    rc = cli.main(["tune", "--N", "600,1500", "--D", "2,5", "--M", "1,3", "--repeats", "2", "--out", str(png),
-                   "--json", str(js), "--quiet"])
+    rc = cli.main(
+        [
+            "tune",
+            "--N",
+            "600,1500",
+            "--D",
+            "2,5",
+            "--M",
+            "1,3",
+            "--repeats",
+            "2",
+            "--out",
+            str(png),
+            "--json",
+            str(js),
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     n_variants = len([v for v in registry.variants("c", "covariance") if "full" in v.cvtypes])
@@ -48,7 +65,7 @@ def test_tune_records_every_timing_and_train_then_uses_them(db, tmp_path, capsys
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     X = np.random.default_rng(5).standard_normal((1500, 5)).astype(np.float32)
     g = GMM(3, 5, backend="c")
-    g.train(X, min_em_iters=10, max_em_iters=10)   # the tunable search explores in place first
+    g.train(X, min_em_iters=10, max_em_iters=10)  # the tunable search explores in place first
     winner = min((r for r in History(db).rows() if (r.N, r.D, r.M) == (1500, 5, 3)), key=lambda r: r.seconds)
     # the sweep measured default tunables only: train exploits its winner and searches its tunables
     assert g.last_train.reason in ("history", "explore")
@@ -57,8 +74,25 @@ def test_tune_records_every_timing_and_train_then_uses_them(db, tmp_path, capsys
 
 
 def test_tune_with_tunables_sweeps_the_combinations(db, capsys):
-    rc = cli.main(["tune", "--N", "700", "--D", "3", "--M", "2", "--repeats", "1", "--tunables", "--variants",
-                   "V3", "--out", "", "--quiet"])
+    rc = cli.main(
+        [
+            "tune",
+            "--N",
+            "700",
+            "--D",
+            "3",
+            "--M",
+            "2",
+            "--repeats",
+            "1",
+            "--tunables",
+            "--variants",
+            "V3",
+            "--out",
+            "",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     space = [json.dumps(t, sort_keys=True, separators=(",", ":")) for t in registry.get("c", "V3").tunable_space()]
     rows = History(db).rows()
@@ -81,10 +115,16 @@ def test_measure_marks_a_wrong_variant_invalid(tmp_path):
     be.open = lambda X, p: Wrong(be, X, p)
     p = Problem(400, 3, 2, dtype="float64")
     got = []
-    ms = autotune.measure(be, p, [Config.of(v) for v in VARIANTS], repeats=2,
-                          record=lambda *a: got.append((a[1].variant.name, a[2])))
-    assert {m.config.variant.name: m.status for m in ms} == {"V1": "ok", "V2": "invalid", "V3": "ok", "V4": "ok",
-                                                             "V5": "ok"}
+    ms = autotune.measure(
+        be, p, [Config.of(v) for v in VARIANTS], repeats=2, record=lambda *a: got.append((a[1].variant.name, a[2]))
+    )
+    assert {m.config.variant.name: m.status for m in ms} == {
+        "V1": "ok",
+        "V2": "invalid",
+        "V3": "ok",
+        "V4": "ok",
+        "V5": "ok",
+    }
     assert ("V2", "invalid") in got
 
 
@@ -119,6 +159,7 @@ def test_info(db, capsys):
     out = capsys.readouterr().out
     assert db in out and "cache folder" in out
     from asp_gmm.backends import get_backend
+
     be = get_backend("c")
     assert be.device_id in out and str(be.fingerprint()["model"]) in out
     (compiler,) = [ln for ln in out.splitlines() if ln.strip().startswith("compiler:")]
@@ -131,11 +172,12 @@ def test_info(db, capsys):
     for v in registry.variants("c", "covariance"):
         for lim in v.limits:
             assert lim.require in out
-    assert "tunables:" in out and "Copyright" in out   # the compiler's full text, once
+    assert "tunables:" in out and "Copyright" in out  # the compiler's full text, once
 
 
 def test_version(capsys):
     import asp_gmm
+
     with pytest.raises(SystemExit) as info:
         cli.main(["--version"])
     assert info.value.code == 0 and asp_gmm.__version__ in capsys.readouterr().out
@@ -157,9 +199,9 @@ def test_every_help_shows_the_defaults():
             if not a.option_strings or a.required or a.nargs == 0 or a.default is None and not a.help:
                 continue
             opt = a.option_strings[-1]
-            block = text[text.index(f"  {a.option_strings[0]}"):]
+            block = text[text.index(f"  {a.option_strings[0]}") :]
             nxt = [i for i in (block.find("\n  -", 1),) if i > 0]
-            block = block[:nxt[0]] if nxt else block
+            block = block[: nxt[0]] if nxt else block
             assert "(default: " in block, (path, opt, block)
             checked += 1
     assert checked >= 12
@@ -173,10 +215,12 @@ def test_tune_refuses_unknown_variants_and_bad_sizes(db, capsys):
     assert _tune("--variants", "V1,V9") == 2
     err = capsys.readouterr().err
     assert "unknown variant V9 for backend c; known: " in err and "V1" in err.split("known:")[1]
-    for bad, words in ((["--N", "abc"], "argument --N: 'abc' is not a positive integer"),
-                       (["--M", "2,x"], "argument --M: 'x' is not a positive integer"),
-                       (["--D", "0"], "argument --D: '0' is not a positive integer"),
-                       (["--repeats", "0"], "argument --repeats: '0' is not a positive integer")):
+    for bad, words in (
+        (["--N", "abc"], "argument --N: 'abc' is not a positive integer"),
+        (["--M", "2,x"], "argument --M: 'x' is not a positive integer"),
+        (["--D", "0"], "argument --D: '0' is not a positive integer"),
+        (["--repeats", "0"], "argument --repeats: '0' is not a positive integer"),
+    ):
         with pytest.raises(SystemExit) as info:
             cli.main(["tune", "--N", "600", "--D", "2", "--M", "2", *bad])
         assert info.value.code == 2 and words in capsys.readouterr().err
@@ -191,19 +235,40 @@ def test_tune_warns_that_single_timings_are_noise(db, capsys):
     err = capsys.readouterr().err
     assert "asp-gmm: RuntimeWarning: --repeats 1: single timings are noise" in err
     assert "Traceback" not in err and "warnings.warn" not in err
-    assert _tune("--repeats", "3", "--variants", "v1") == 0        # names are case-insensitive
+    assert _tune("--repeats", "3", "--variants", "v1") == 0  # names are case-insensitive
     assert "noise" not in capsys.readouterr().err
 
 
 def test_heat_map_shows_the_table_gain_and_the_times(db, tmp_path, capsys, monkeypatch):
     import matplotlib.axes
+
     texts = []
     real = matplotlib.axes.Axes.text
-    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **k: texts.append(s) or
-                        real(self, x, y, s, *a, **k))
+    monkeypatch.setattr(
+        matplotlib.axes.Axes, "text", lambda self, x, y, s, *a, **k: texts.append(s) or real(self, x, y, s, *a, **k)
+    )
     png = tmp_path / "m.png"
-    assert cli.main(["tune", "--N", "600", "--D", "2,3", "--M", "2", "--repeats", "2", "--variants", "V1,V2,V3",
-                     "--out", str(png), "--quiet"]) == 0
+    assert (
+        cli.main(
+            [
+                "tune",
+                "--N",
+                "600",
+                "--D",
+                "2,3",
+                "--M",
+                "2",
+                "--repeats",
+                "2",
+                "--variants",
+                "V1,V2,V3",
+                "--out",
+                str(png),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     rows = [ln.split() for ln in out.splitlines() if ln.split()[:1] == ["600"] and len(ln.split()) == 8]
     assert len(rows) == 2 and len(texts) == 2
@@ -217,6 +282,7 @@ def test_heat_map_shows_the_table_gain_and_the_times(db, tmp_path, capsys, monke
 def test_unexpected_errors_are_one_line(monkeypatch, capsys):
     def boom(args):
         raise RuntimeError("something odd")
+
     monkeypatch.setattr(cli, "cmd_info", boom)
     assert cli.main(["info"]) == 1
     err = capsys.readouterr().err
@@ -233,8 +299,9 @@ def test_corrupt_database_is_reported_with_the_path(tmp_path, monkeypatch, capsy
 
 
 def test_runs_as_a_module(db):
-    r = subprocess.run([sys.executable, "-m", "asp_gmm.cli", "history", "list"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "asp_gmm.cli", "history", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0 and "(0 rows)" in r.stdout
 
 

@@ -1,4 +1,5 @@
 """Every ASP_GMM_* setting is read in asp_gmm/config.py and listed in the README."""
+
 import re
 from pathlib import Path
 
@@ -7,7 +8,7 @@ from asp_gmm import config
 ROOT = Path(__file__).resolve().parents[1]
 #: read outside config.py until the split of the CUDA backend / selection / specializer lands
 #: (tuning_db reads ASP_GMM_DB itself only when called without a URL: it imports nothing of asp_gmm)
-PENDING = {"tuning_db/store.py"}   # tuning_db imports nothing of asp_gmm: default_url() reads ASP_GMM_DB
+PENDING = {"tuning_db/store.py"}  # tuning_db imports nothing of asp_gmm: default_url() reads ASP_GMM_DB
 
 
 def test_defaults_and_fallbacks():
@@ -16,8 +17,15 @@ def test_defaults_and_fallbacks():
     assert s.c_compiler() == ["gcc"] and s.threads() is None
     s = config.Settings.from_environ({"CC": "clang -O2", "OMP_NUM_THREADS": "3,2", "ASP_GMM_AUTOTUNE": "Off"})
     assert s.c_compiler() == ["clang", "-O2"] and s.threads() == 3 and not s.autotune
-    s = config.Settings.from_environ({"CC": "clang", "ASP_GMM_CC": "gcc-13", "OMP_NUM_THREADS": "3",
-                                     "ASP_GMM_NUM_THREADS": "x", "ASP_GMM_DEBUG": "1"})
+    s = config.Settings.from_environ(
+        {
+            "CC": "clang",
+            "ASP_GMM_CC": "gcc-13",
+            "OMP_NUM_THREADS": "3",
+            "ASP_GMM_NUM_THREADS": "x",
+            "ASP_GMM_DEBUG": "1",
+        }
+    )
     assert s.c_compiler() == ["gcc-13"] and s.threads() is None and s.debug
 
 

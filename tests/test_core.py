@@ -1,4 +1,5 @@
 """The Face: API round trips, bad input, numerics, agreement with scikit-learn, the compile cache."""
+
 import json
 import os
 import subprocess
@@ -84,17 +85,20 @@ def test_auto_backend_without_gpu_is_c():
 
 
 # ------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("X, exc, words", [
-    (np.array([[1.0, np.nan, 2.0]] * 10), ValueError, "NaN or infinity"),
-    (np.array([[1.0, np.inf, 2.0]] * 10), ValueError, "NaN or infinity"),
-    (np.ones((10, 4)), ValueError, "4 dimensions but the model has D=3"),
-    (np.ones((2, 3)), ValueError, "fewer than the M=4 components"),
-    (np.ones((0, 3)), ValueError, "empty"),
-    (np.ones(30), ValueError, "must be 2-D"),
-    (np.ones((10, 3), dtype=np.int64), TypeError, "astype"),
-    (np.ones((10, 3), dtype=bool), TypeError, "floating-point"),
-    (None, TypeError, "None"),
-])
+@pytest.mark.parametrize(
+    "X, exc, words",
+    [
+        (np.array([[1.0, np.nan, 2.0]] * 10), ValueError, "NaN or infinity"),
+        (np.array([[1.0, np.inf, 2.0]] * 10), ValueError, "NaN or infinity"),
+        (np.ones((10, 4)), ValueError, "4 dimensions but the model has D=3"),
+        (np.ones((2, 3)), ValueError, "fewer than the M=4 components"),
+        (np.ones((0, 3)), ValueError, "empty"),
+        (np.ones(30), ValueError, "must be 2-D"),
+        (np.ones((10, 3), dtype=np.int64), TypeError, "astype"),
+        (np.ones((10, 3), dtype=bool), TypeError, "floating-point"),
+        (None, TypeError, "None"),
+    ],
+)
 def test_bad_data_is_named(X, exc, words):
     g = GMM(4, 3, backend="c")
     with pytest.raises(exc, match=words):
@@ -111,7 +115,7 @@ def test_float32_data_whose_variance_overflows_says_so(recwarn):
             GMM(2, 4, backend=backend).train(X)
         assert "zero variance" not in str(info.value)
     assert np.isfinite(GMM(2, 4, backend="c", dtype=np.float64).train(X, max_em_iters=2))
-    big = np.random.default_rng(1).standard_normal((500, 4)) * 1e39     # finite float64, beyond float32
+    big = np.random.default_rng(1).standard_normal((500, 4)) * 1e39  # finite float64, beyond float32
     with pytest.raises(ValueError, match=r"values beyond the float32 range.*dtype=np.float64") as info:
         GMM(2, 4, backend="c").train(big)
     assert "NaN" not in str(info.value)
@@ -147,9 +151,10 @@ def test_auto_without_a_c_compiler_warns_once_naming_the_fix(monkeypatch):
     monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
     from asp_gmm import backends
     from asp_gmm.runtime import default_runtime
+
     monkeypatch.setattr(default_runtime(), "warned_slow", False)
     monkeypatch.delitem(default_runtime().backends, "c", raising=False)
-    real_reason = backends.unavailable_reason   # a GPU machine: hide CUDA so "auto" falls past it
+    real_reason = backends.unavailable_reason  # a GPU machine: hide CUDA so "auto" falls past it
     monkeypatch.setattr(backends, "unavailable_reason", lambda n: "hidden" if n == "cuda" else real_reason(n))
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -159,19 +164,22 @@ def test_auto_without_a_c_compiler_warns_once_naming_the_fix(monkeypatch):
     assert "no-such-compiler-asp" in msgs[0] and "ASP_GMM_CC" in msgs[0] and "gcc" in msgs[0] and "slow" in msgs[0]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert GMM(2, 2, backend="numpy").backend == "numpy"   # chosen deliberately: no warning
+        assert GMM(2, 2, backend="numpy").backend == "numpy"  # chosen deliberately: no warning
 
 
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(M=0, D=3), "M must be a positive integer"),
-    (dict(M=2, D=-1), "D must be a positive integer"),
-    (dict(M=2.5, D=3), "M must be a positive integer"),
-    (dict(M=2, D=3, cvtype="tied"), "cvtype"),
-    (dict(M=2, D=3, reg_covar=-1), "reg_covar"),
-    (dict(M=2, D=3, means=np.zeros((3, 3))), "means must have shape"),
-    (dict(M=2, D=3, weights=[0.2, 0.2]), "sum to 1"),
-    (dict(M=2, D=3, backend="tpu"), "unknown backend"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(M=0, D=3), "M must be a positive integer"),
+        (dict(M=2, D=-1), "D must be a positive integer"),
+        (dict(M=2.5, D=3), "M must be a positive integer"),
+        (dict(M=2, D=3, cvtype="tied"), "cvtype"),
+        (dict(M=2, D=3, reg_covar=-1), "reg_covar"),
+        (dict(M=2, D=3, means=np.zeros((3, 3))), "means must have shape"),
+        (dict(M=2, D=3, weights=[0.2, 0.2]), "sum to 1"),
+        (dict(M=2, D=3, backend="tpu"), "unknown backend"),
+    ],
+)
 def test_bad_construction_is_named(kwargs, words):
     with pytest.raises(ValueError, match=words):
         GMM(**kwargs)
@@ -249,8 +257,17 @@ def test_agrees_with_scikit_learn(cvtype, backend, rng):
     covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
     w = np.full(M, 1 / M)
     prec = np.linalg.inv(covars) if cvtype == "full" else 1 / covars
-    sk = sklearn.GaussianMixture(M, covariance_type=cvtype, max_iter=iters, tol=0.0, reg_covar=1e-6,
-                                 weights_init=w, means_init=means, precisions_init=prec, init_params="random")
+    sk = sklearn.GaussianMixture(
+        M,
+        covariance_type=cvtype,
+        max_iter=iters,
+        tol=0.0,
+        reg_covar=1e-6,
+        weights_init=w,
+        means_init=means,
+        precisions_init=prec,
+        init_params="random",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sk.fit(X)
@@ -306,7 +323,8 @@ def test_corrupt_entry_is_rebuilt_with_a_warning(tmp_path):
 def test_compile_error_carries_command_output_and_source(monkeypatch, tmp_path):
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path))
     from asp_gmm.backends.c import CBackend
-    backend = CBackend()   # its own kernel memory: train() in earlier tests may have loaded this configuration
+
+    backend = CBackend()  # its own kernel memory: train() in earlier tests may have loaded this configuration
     v = registry.get("c", "V1")
     monkeypatch.setattr(registry, "render", lambda *a, **k: "int asp_covariance(void) { return syntax error; }\n")
     with pytest.raises(CompileError) as info:
@@ -320,6 +338,7 @@ def test_compile_error_carries_command_output_and_source(monkeypatch, tmp_path):
 
 def test_cache_key_changes_with_source(tmp_path, monkeypatch):
     from asp_gmm import cache
+
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path))
     cmd = lambda src, out: ["gcc", "-shared", "-fPIC", "-o", out, src]  # noqa: E731
     a = cache.build("int f(void){return 1;}\n", ".so", cmd, ["k"], "t")
@@ -391,7 +410,7 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
 
 def test_prepare_loads_every_candidate_and_checks_its_arguments():
     n = asp_gmm.prepare(5, [1, 3, 7], cvtype="diag", dtype=np.float64, backend="c")
-    assert n >= 3                      # at least one configuration per M
+    assert n >= 3  # at least one configuration per M
     assert asp_gmm.prepare(4, 2, backend="numpy") >= 1
     for bad in (dict(D=0, M=2), dict(D=3, M=[2, -1]), dict(D=3, M=2, N=0)):
         with pytest.raises(ValueError, match="positive integer"):

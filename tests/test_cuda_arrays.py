@@ -1,6 +1,7 @@
 """CUDA arrays as data (asp_gmm/cuda_arrays.py): recognised by their interface, checked and seeded
 where they lie, copied to the host for non-CUDA backends. A host-memory stand-in exercises the
 interface here; the GPU test runs PyTorch/CuPy arrays on the device (skipped without a GPU)."""
+
 import numpy as np
 import pytest
 
@@ -18,8 +19,13 @@ class FakeCudaArray:
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": self.a.shape, "typestr": self.a.dtype.str, "data": (self.a.ctypes.data, False),
-                "version": 3, "strides": self.a.strides if not self.a.flags.c_contiguous else None}
+        return {
+            "shape": self.a.shape,
+            "typestr": self.a.dtype.str,
+            "data": (self.a.ctypes.data, False),
+            "version": 3,
+            "strides": self.a.strides if not self.a.flags.c_contiguous else None,
+        }
 
     @property
     def shape(self):
@@ -48,7 +54,7 @@ def test_recognised_described_and_checked(rng):
     np.testing.assert_allclose(mean, X.mean(0), rtol=1e-12)
     np.testing.assert_allclose(cov, np.cov(X.T, bias=True), rtol=1e-10)
     with pytest.raises(cuda_arrays.CudaArrayError, match="C-contiguous float32"):
-        cuda_arrays.in_dtype(f, np.float32)     # no library to convert it with
+        cuda_arrays.in_dtype(f, np.float32)  # no library to convert it with
 
 
 def test_device_seeding_equals_host_seeding(rng):
@@ -82,6 +88,7 @@ def test_torch_or_cupy_arrays_on_the_gpu(rng):
         pytest.skip(f"CUDA backend unavailable: {cuda_mod.CudaBackend.unavailable_reason()}")
     try:
         import torch
+
         to_dev = lambda a: torch.as_tensor(a, device="cuda")  # noqa: E731
     except ImportError:
         cupy = pytest.importorskip("cupy")
@@ -104,6 +111,7 @@ def test_torch_or_cupy_arrays_on_the_gpu(rng):
 def test_the_drop_in_takes_them_through_the_host(rng):
     pytest.importorskip("sklearn")
     from asp_gmm import GaussianMixture
+
     X = make_blobs(rng, 1000, 4, 3)
     a = GaussianMixture(3, random_state=0, backend="c").fit(FakeCudaArray(X))
     b = GaussianMixture(3, random_state=0, backend="c").fit(X)

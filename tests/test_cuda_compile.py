@@ -12,6 +12,7 @@ path: one of them is compiled (the largest problem, where static sizes are at th
 template is compiled once per path rather than once per shape. Compiles run in parallel (NVRTC in
 this process, which releases the GIL) into the session's compile cache.
 """
+
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +29,9 @@ from conftest import code_path
 NVCC = cu.nvcc_command()
 HAVE_NVCC = shutil.which(NVCC[0]) is not None or os.path.exists(NVCC[0])
 HAVE_NVRTC = nvrtc.available()
-pytestmark = pytest.mark.skipif(not (HAVE_NVCC or HAVE_NVRTC),
-                                reason="neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc is here")
+pytestmark = pytest.mark.skipif(
+    not (HAVE_NVCC or HAVE_NVRTC), reason="neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc is here"
+)
 
 ARCH = "sm_90"
 CLASSES = [  # (D, M, cvtype, dtype)
@@ -41,7 +43,7 @@ CLASSES = [  # (D, M, cvtype, dtype)
     (64, 64, "full", "float32"),
     (7, 3, "full", "float64"),
     (7, 3, "diag", "float64"),
-    (100, 5, "full", "float32"),   # cells tiled in passes, Cholesky in global memory, E-step from xt
+    (100, 5, "full", "float32"),  # cells tiled in passes, Cholesky in global memory, E-step from xt
     (150, 2, "diag", "float32"),
 ]
 TUNED_CLASS = (19, 16, "full", "float32")
@@ -109,6 +111,7 @@ def compiled():
             return str(compile_job(v, tun, p))
         except CompileError as exc:
             return exc
+
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as ex:
         return dict(zip(JOBS, ex.map(one, JOBS.values())))
 
@@ -133,8 +136,9 @@ def test_one_compile_per_code_path():
     paths = {(k[0], code_path(cu.render_source(*ALL_JOBS[k]))) for k in JOBS}
     for key, (v, tun, p) in ALL_JOBS.items():
         assert (v.name, code_path(cu.render_source(v, tun, p))) in paths, key
-    assert code_path("#define CHOL_IN_SHARED 1\n#if CHOL_IN_SHARED\nx[3]\n#endif") != \
-        code_path("#define CHOL_IN_SHARED 0\n#if CHOL_IN_SHARED\nx[3]\n#endif")
+    assert code_path("#define CHOL_IN_SHARED 1\n#if CHOL_IN_SHARED\nx[3]\n#endif") != code_path(
+        "#define CHOL_IN_SHARED 0\n#if CHOL_IN_SHARED\nx[3]\n#endif"
+    )
     assert code_path("#define D 19\nfloat x[19];") == code_path("#define D 36\nfloat x[36];")
     v4 = {k for k in ALL_JOBS if k[0] == "V4"}
     assert len({code_path(cu.render_source(*ALL_JOBS[k])) for k in v4}) > 1
@@ -168,6 +172,7 @@ def test_launch_expressions_evaluate():
 
 def test_import_does_not_need_pycuda_or_a_gpu():
     import asp_gmm.backends.cuda  # noqa: F401  (imported above; pycuda is imported lazily)
+
     reason = cu.CudaBackend.unavailable_reason()
     assert reason is None or isinstance(reason, str)
 
@@ -178,8 +183,8 @@ def test_component_classes_pad_at_most_a_quarter():
         c = cu.component_class(m)
         assert c >= m and (c - m) * 4 <= c and cu.component_class(c) == c
     assert {1, 2, 5, 8, 10, 12, 16, 20, 40, 64, 80, 96, 128} <= classes
-    assert len([c for c in classes if c <= 64]) == 20     # 1..8, then four steps per octave
+    assert len([c for c in classes if c <= 64]) == 20  # 1..8, then four steps per octave
     small = Problem(50_000, 19, 37, "diag", "float32")
     assert cu.binary_problem(small) == Problem(50_000, 19, 40, "diag", "float32")
-    big = Problem(1_000_000, 64, 127, "full", "float32")    # worth a binary of its own
+    big = Problem(1_000_000, 64, 127, "full", "float32")  # worth a binary of its own
     assert cu.binary_problem(big) is big

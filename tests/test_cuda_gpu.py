@@ -4,6 +4,7 @@ data, the E-step outputs, end-to-end training against the C backend and scikit-l
 Skipped, with the reason, where pycuda or a GPU is missing (CI); scripts/gpu_check.sh runs it on the
 GPU machine.
 """
+
 import warnings
 
 import numpy as np
@@ -25,8 +26,8 @@ SHAPES = [  # (N, D, M): odd D, D = 1, M = 1, N not a multiple of any block size
     (2000, 13, 1),
     (4099, 19, 16),
     (20_011, 33, 5),
-    (3001, 5, 11),     # small: runs padded to 12 components (cuda.component_class)
-    (2501, 9, 21),     # padded to 24
+    (3001, 5, 11),  # small: runs padded to 12 components (cuda.component_class)
+    (2501, 9, 21),  # padded to 24
 ]
 TOL = {"float32": dict(rtol=2e-4, atol=2e-4), "float64": dict(rtol=1e-9, atol=1e-9)}
 
@@ -35,8 +36,9 @@ def _compare(g, ll, r, dtype):
     tol = TOL[dtype]
     s = float(np.max(np.abs(r["covars"])))
     np.testing.assert_allclose(g.covars, r["covars"], rtol=tol["rtol"], atol=tol["atol"] * s)
-    np.testing.assert_allclose(g.means, r["means"], rtol=tol["rtol"],
-                               atol=tol["atol"] * float(np.max(np.abs(r["means"]))))
+    np.testing.assert_allclose(
+        g.means, r["means"], rtol=tol["rtol"], atol=tol["atol"] * float(np.max(np.abs(r["means"])))
+    )
     np.testing.assert_allclose(g.weights, r["weights"], rtol=tol["rtol"], atol=tol["atol"])
     assert ll == pytest.approx(r["loglik"], rel=tol["rtol"] * 10)
 
@@ -65,12 +67,21 @@ def test_variant_matches_reference(variant, shape, cvtype, rng):
     np.testing.assert_allclose(post, rpost, atol=1e-3)
 
 
-TUNED = [("V3", {"tile": 2}), ("V3", {"threads": 512}), ("V4", {"tile": 2}), ("V4", {"tile": 2, "threads": 128}),
-         ("V4", {"blocks": 528, "tile": 2}), ("V4", {"blocks": 132, "threads": 128})]
+TUNED = [
+    ("V3", {"tile": 2}),
+    ("V3", {"threads": 512}),
+    ("V4", {"tile": 2}),
+    ("V4", {"tile": 2, "threads": 128}),
+    ("V4", {"blocks": 528, "tile": 2}),
+    ("V4", {"blocks": 132, "threads": 128}),
+]
 
 
-@pytest.mark.parametrize("shape", [(4099, 19, 16), (20_011, 33, 5), (3001, 64, 2), (2000, 1, 1), (1500, 71, 2)],
-                         ids=lambda s: "N%d-D%d-M%d" % s)
+@pytest.mark.parametrize(
+    "shape",
+    [(4099, 19, 16), (20_011, 33, 5), (3001, 64, 2), (2000, 1, 1), (1500, 71, 2)],
+    ids=lambda s: "N%d-D%d-M%d" % s,
+)
 @pytest.mark.parametrize("variant,tunables", TUNED, ids=lambda t: str(t))
 def test_tunables_match_reference(variant, tunables, shape, rng):
     """Non-default tunables (2 x 2 cell tiles, other thread counts and B) through the session API."""
@@ -84,6 +95,7 @@ def test_tunables_match_reference(variant, tunables, shape, rng):
 
     class G:  # the attributes _compare reads
         pass
+
     g = G()
     g.weights, g.means, g.covars = weights, means, covars
     _compare(g, run.loglik, r, "float32")
@@ -93,15 +105,19 @@ ESTEPS = [v.name for v in registry.variants("cuda", "estep") if cuda_mod.pluggab
 
 
 @pytest.mark.parametrize("cvtype", ["full", "diag"])
-@pytest.mark.parametrize("shape", [(1003, 7, 3), (4099, 19, 16), (20_011, 33, 5), (3001, 64, 2), (2000, 1, 1)],
-                         ids=lambda s: "N%d-D%d-M%d" % s)
+@pytest.mark.parametrize(
+    "shape",
+    [(1003, 7, 3), (4099, 19, 16), (20_011, 33, 5), (3001, 64, 2), (2000, 1, 1)],
+    ids=lambda s: "N%d-D%d-M%d" % s,
+)
 @pytest.mark.parametrize("estep", ESTEPS)
 def test_estep_variant_matches_reference(estep, shape, cvtype, rng, monkeypatch):
     """Each E-step variant (pinned) inside the whole EM loop, and its outputs, against the reference."""
     N, D, M = shape
     v = registry.get("cuda", estep, "estep")
-    if not any(v.allows(Problem(N, D, M, cvtype, "float32"), t, extra=cuda_mod._DEFAULT_LIMITS)
-               for t in v.tunable_space()):
+    if not any(
+        v.allows(Problem(N, D, M, cvtype, "float32"), t, extra=cuda_mod._DEFAULT_LIMITS) for t in v.tunable_space()
+    ):
         pytest.skip(f"{estep} declares it cannot run {shape} {cvtype}")
     monkeypatch.setenv("ASP_GMM_CUDA_ESTEP", estep)
     X = make_blobs(rng, N, D, M, dtype=np.float32)
@@ -165,8 +181,17 @@ def test_train_agrees_with_c_and_sklearn(cvtype, rng):
         ll = g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
         results[backend] = (ll, g.means.copy(), g.covars.copy(), g.weights.copy())
     prec = np.linalg.inv(covars) if cvtype == "full" else 1 / covars
-    m = sk.GaussianMixture(M, covariance_type=cvtype, max_iter=iters, tol=0.0, reg_covar=1e-6,
-                           weights_init=w, means_init=means, precisions_init=prec, init_params="random")
+    m = sk.GaussianMixture(
+        M,
+        covariance_type=cvtype,
+        max_iter=iters,
+        tol=0.0,
+        reg_covar=1e-6,
+        weights_init=w,
+        means_init=means,
+        precisions_init=prec,
+        init_params="random",
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         m.fit(X.astype(np.float64))
@@ -198,6 +223,7 @@ def test_loglik_trace(rng):
 
 def test_auto_picks_cuda():
     from asp_gmm.backends import get_backend
+
     assert get_backend("auto").name == "cuda"
 
 
@@ -232,6 +258,7 @@ def test_immutable_data_is_uploaded_once_for_every_m(rng):
     """An immutable data set (asp_gmm.freeze) stays on the device and serves sessions of any M (the
     diarization example scores all frames under every cluster's model)."""
     import asp_gmm
+
     X = asp_gmm.freeze(make_blobs(rng, 5000, 4, 2, dtype=np.float32))
     be = cuda_mod.CudaBackend()
     ptrs = []
@@ -240,7 +267,7 @@ def test_immutable_data_is_uploaded_once_for_every_m(rng):
         ptrs.append(int(s.xt))
         s.close()
     assert len(set(ptrs)) == 1
-    Y = np.array(X)            # writeable: uploaded into the session's own buffer
+    Y = np.array(X)  # writeable: uploaded into the session's own buffer
     s = be.open(Y, Problem(5000, 4, 2, "full", "float32"))
     try:
         assert int(s.xt) != ptrs[0]

@@ -3,6 +3,7 @@ against a stand-in for pycuda.driver that records launches instead of running th
 It checks the plumbing between the package's modules (argument counts match the prepared
 signatures, the padded problem reaches the binaries and only the live components come back, the
 buffer pool is reused and freed), not numbers: tests/test_cuda_gpu.py checks those on a GPU."""
+
 import shutil
 import sys
 import types
@@ -91,23 +92,27 @@ def _fake_driver(log):
             return _Ptr(8, log), 8
 
     def module_from_buffer(image):
-        assert isinstance(image, bytes) and image      # compile_cubin's cubin
+        assert isinstance(image, bytes) and image  # compile_cubin's cubin
         log.append("load")
         return Module()
 
     def memcpy_dtoh(dst, src):
         if dst.dtype == np.int32 and dst.size == 2:
-            dst[:] = (256, 1)                          # the moments geometry
+            dst[:] = (256, 1)  # the moments geometry
 
     def memcpy_dtoh_async(dst, src, stream):
-        dst[0] = -1000.0 - 1e-6 * len(log)            # a finite, changing log-likelihood
-        dst[1:2].view(np.int32)[0] = 2**31 - 1         # no bad component
+        dst[0] = -1000.0 - 1e-6 * len(log)  # a finite, changing log-likelihood
+        dst[1:2].view(np.int32)[0] = 2**31 - 1  # no bad component
 
     drv.Error = Error
     drv.init = lambda: None
     drv.get_driver_version = lambda: 12000
-    drv.device_attribute = types.SimpleNamespace(MAX_THREADS_PER_BLOCK=1, MAX_SHARED_MEMORY_PER_BLOCK=2,
-                                                 MULTIPROCESSOR_COUNT=3, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=4)
+    drv.device_attribute = types.SimpleNamespace(
+        MAX_THREADS_PER_BLOCK=1,
+        MAX_SHARED_MEMORY_PER_BLOCK=2,
+        MULTIPROCESSOR_COUNT=3,
+        MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=4,
+    )
     drv.function_attribute = types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES=1)
     drv.Device = Device
     drv.Context = types.SimpleNamespace(pop=lambda: None, synchronize=lambda: None)
@@ -133,7 +138,7 @@ def backend(monkeypatch):
     try:
         yield cu.CudaBackend(), log
     finally:
-        cu_device._probe.cache_clear()      # the real answer for the other tests
+        cu_device._probe.cache_clear()  # the real answer for the other tests
 
 
 @pytest.mark.parametrize("M, cvtype", [(3, "full"), (11, "diag")])
@@ -148,7 +153,7 @@ def test_sessions_run_the_em_loop_through_every_module(backend, M, cvtype):
     v = be.covariance_variants(p)[0]
     k = be.kernel(v, be.tunables_for(v, p), p)
     assert be.is_ready(v, k.tunables, p)
-    for _ in range(2):                                   # the second session reuses the pooled buffers
+    for _ in range(2):  # the second session reuses the pooled buffers
         with be.open(X, p) as s:
             assert s.problem == cu.binary_problem(p) and s.m_live == M
             s.set_params(w, mu, cov, 1e-6)
@@ -171,6 +176,7 @@ def test_a_driver_that_refuses_an_nvrtc_cubin_gets_nvcc_from_then_on(backend, mo
     from asp_gmm import runtime
     from asp_gmm.backends import nvrtc
     from asp_gmm.backends.cuda import compile as cc
+
     if not (nvrtc.available() and cc._nvcc_present()):
         pytest.skip("needs both NVRTC and nvcc")
     monkeypatch.setattr(runtime, "_default_runtime", runtime.Runtime())
@@ -185,10 +191,11 @@ def test_a_driver_that_refuses_an_nvrtc_cubin_gets_nvcc_from_then_on(backend, mo
         if len(seen) == 1:
             raise dev.drv.Error("device kernel image is invalid")
         return real(image)
+
     monkeypatch.setattr(dev.drv, "module_from_buffer", picky)
     assert cc.use_nvrtc()
     with caplog.at_level("WARNING", logger="asp_gmm"):
         _, path = cc.load_module(dev, 'extern "C" __global__ void refused(float *x) { x[0] = 2.0f; }\n', "refused")
     assert len(seen) == 2 and not cc.use_nvrtc() and cc.compiler_version() != nvrtc.version()
-    assert "nvrtc" not in path.with_suffix(".json").read_text()       # rebuilt by nvcc
+    assert "nvrtc" not in path.with_suffix(".json").read_text()  # rebuilt by nvcc
     assert any("refused a cubin compiled by NVRTC" in r.getMessage() for r in caplog.records)

@@ -3,6 +3,7 @@ stand-in for pycuda.driver of test_cuda_host.py: every block is copied, transpos
 the E-step, the M-step sums and the covariance variant, the parameters are restored after each block,
 a shorter last block re-plans the launches, and only the live components come back. Plumbing, not
 numbers: tests/test_streaming_gpu.py checks those on a GPU."""
+
 import sys
 import types
 
@@ -30,8 +31,7 @@ def backend(monkeypatch):
     drv.memcpy_htod_async = lambda dst, src, stream: copies.append(np.array(src))
     drv.memcpy_dtod_async = lambda *a: log.append("restore")
     drv.Stream = lambda: types.SimpleNamespace(synchronize=lambda: None, wait_for_event=lambda e: None)
-    drv.Event = lambda: types.SimpleNamespace(record=lambda s: None, synchronize=lambda: None,
-                                              time_since=lambda o: 1.0)
+    drv.Event = lambda: types.SimpleNamespace(record=lambda s: None, synchronize=lambda: None, time_since=lambda o: 1.0)
     pkg = types.ModuleType("pycuda")
     pkg.driver = drv
     monkeypatch.setitem(sys.modules, "pycuda", pkg)
@@ -62,9 +62,9 @@ def test_blocks_go_through_copy_transpose_estep_sums_and_restore(backend, M, cvt
         assert b.nk.shape == (M,) and b.sumx.shape == (M, D)
         assert b.s2.shape == ((M, D, D) if cvtype == "full" else (M, D))
     assert [len(c) for c in copies] == [1000, 1000, 600]
-    np.testing.assert_array_equal(np.concatenate(copies), X)     # what reached the device, in order
-    assert log.count("asp_transpose") == 1 + 3 and log.count("restore") == 3   # (1: the session opening)
-    assert log.count("memset_resp") == 1                            # the shorter last block
+    np.testing.assert_array_equal(np.concatenate(copies), X)  # what reached the device, in order
+    assert log.count("asp_transpose") == 1 + 3 and log.count("restore") == 3  # (1: the session opening)
+    assert log.count("memset_resp") == 1  # the shorter last block
     assert runner.session.problem.N == 600
     runner.close()
     assert runner.session is None

@@ -6,6 +6,7 @@
 * On a GPU with pycuda: the backend-signature kernels (asp_cov_v5, asp_estep_fast) against
   asp_gmm/reference.py in float64 on fresh random data, outputs poisoned first, odd shapes and X + 1000.
 """
+
 import os
 import re
 import shutil
@@ -23,17 +24,30 @@ from asp_gmm.problem import Problem
 from conftest import code_path, make_blobs
 
 NVCC = shutil.which("nvcc") or ("/usr/local/bin/nvcc" if os.path.exists("/usr/local/bin/nvcc") else None)
-needs_nvcc = pytest.mark.skipif(NVCC is None and not nvrtc.available(),
-                                reason="neither NVRTC (cuda-bindings) nor nvcc (CUDA toolkit) is installed")
+needs_nvcc = pytest.mark.skipif(
+    NVCC is None and not nvrtc.available(), reason="neither NVRTC (cuda-bindings) nor nvcc (CUDA toolkit) is installed"
+)
 
 V5_GRID = [  # (D, M, tunables)
-    (36, 128, {}), (36, 128, {"tile": 4}), (36, 128, {"tile": 8, "comps": 2}), (36, 128, {"events": 16}),
-    (19, 16, {}), (19, 16, {"tile": 4, "comps": 8}), (1, 1, {}), (7, 3, {"threads": 128}),
-    (100, 5, {}), (150, 2, {"tile": 8, "comps": 1}),
+    (36, 128, {}),
+    (36, 128, {"tile": 4}),
+    (36, 128, {"tile": 8, "comps": 2}),
+    (36, 128, {"events": 16}),
+    (19, 16, {}),
+    (19, 16, {"tile": 4, "comps": 8}),
+    (1, 1, {}),
+    (7, 3, {"threads": 128}),
+    (100, 5, {}),
+    (150, 2, {"tile": 8, "comps": 1}),
 ]
 ESTEP_GRID = [  # (D, M, cvtype, tunables)
-    (36, 128, "full", {}), (36, 128, "full", {"rows": 2, "comps": 4}), (19, 16, "full", {}),
-    (19, 16, "diag", {}), (1, 1, "full", {}), (64, 4, "full", {"threads": 128}), (7, 3, "diag", {"rows": 2}),
+    (36, 128, "full", {}),
+    (36, 128, "full", {"rows": 2, "comps": 4}),
+    (19, 16, "full", {}),
+    (19, 16, "diag", {}),
+    (1, 1, "full", {}),
+    (64, 4, "full", {"threads": 128}),
+    (7, 3, "diag", {"rows": 2}),
     (120, 2, "diag", {}),
 ]
 
@@ -55,8 +69,11 @@ def _compile(src, tmp_path, tag):
             return 1, exc.output, out
         out.write_bytes(cubin)
         return 0, log, out
-    p = subprocess.run([NVCC, "-arch=sm_90", "--cubin", "-O3", "--resource-usage", "-o", str(out), str(cu)],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [NVCC, "-arch=sm_90", "--cubin", "-O3", "--resource-usage", "-o", str(out), str(cu)],
+        capture_output=True,
+        text=True,
+    )
     return p.returncode, p.stderr, out
 
 
@@ -96,14 +113,14 @@ def test_v5_and_estep_compile_over_a_grid(tmp_path):
 
 
 def _v5_env(D, M, tun):
-    return dict(Problem(1000, D, M).as_dict(), ldn=1024, sm_count=132, max_threads=1024, smem_per_block=10**9,
-                **tun)
+    return dict(Problem(1000, D, M).as_dict(), ldn=1024, sm_count=132, max_threads=1024, smem_per_block=10**9, **tun)
 
 
 @pytest.mark.parametrize("D", [1, 2, 6, 7, 19, 36, 37, 64, 100, 300])
 def test_v5_launch_expressions_match_the_template(D):
     """The manifest's block size equals the kernel's thread count and its shared memory covers the kernel's."""
     from asp_gmm.backends import cuda as cu
+
     v = registry.get("cuda", "V5")
     spec = cu.launches(v)[0]
     for tun in v.tunable_space():
@@ -119,6 +136,7 @@ def test_v5_diag_launch_expressions_match_the_template(D):
     """V5 diag (mom_fast.cuh.j2's centred-square sums): the manifest's block size is the template's
     MF_NTH and its static shared memory fits in 48 KiB, for few and many components."""
     from asp_gmm.backends import cuda as cu
+
     v = registry.get("cuda", "V5")
     spec = cu.launches(v)[0]
     for M in (1, 3, 16, 128, 1000):
@@ -135,14 +153,21 @@ def test_v5_diag_launch_expressions_match_the_template(D):
 @pytest.mark.parametrize("cvtype", ["full", "diag"])
 def test_estep_launch_expressions_match_the_template(cvtype):
     from asp_gmm.backends import cuda as cu
+
     v = registry.get("cuda", "estep_fast")
     spec = cu.launches(v)[0]
     for D in (1, 5, 19, 36, 64):
         for tun in v.tunable_space():
             src = registry.render(v, tun, Problem(0, D, 3, cvtype))
             smem = int(re.search(r"estep_geometry\[4\] = \{NTH, (\d+)", src).group(1))
-            env = dict(Problem(1000, D, 3, cvtype).as_dict(), ldn=1024, sm_count=132, max_threads=1024,
-                       smem_per_block=10**9, **tun)
+            env = dict(
+                Problem(1000, D, 3, cvtype).as_dict(),
+                ldn=1024,
+                sm_count=132,
+                max_threads=1024,
+                smem_per_block=10**9,
+                **tun,
+            )
             grid, block, shared = spec.config(env)
             assert block[0] == tun["threads"] and shared == smem, (D, tun)
 
@@ -151,6 +176,7 @@ def test_v5_is_a_selectable_covariance_variant():
     """V5 joins selection like any variant: declared limits only (no D or M cap at 48 KiB of shared
     memory), float32 full covariance."""
     from asp_gmm.backends import cuda as cu
+
     v = registry.get("cuda", "V5", "covariance")
     assert cu.pluggable(v)
     ctx = dict(cu._DEFAULT_LIMITS)
@@ -165,6 +191,7 @@ def test_v5_is_a_selectable_covariance_variant():
 def _gpu_reason():
     try:
         import pycuda.driver as drv
+
         drv.init()
         if drv.Device.count() == 0:
             return "no CUDA GPU"
@@ -179,6 +206,7 @@ needs_gpu = pytest.mark.skipif(_gpu_reason() is not None, reason=str(_gpu_reason
 @pytest.fixture(scope="module")
 def gpu():
     import pycuda.driver as drv
+
     drv.init()
     ctx = drv.Device(0).retain_primary_context()
     ctx.push()
@@ -188,6 +216,7 @@ def gpu():
 
 def _load(drv, name, D, M, cvtype, tun, tmp_path):
     from asp_gmm.backends import cuda as cu
+
     v = registry.get("cuda", name)
     t = v.default_tunables()
     t.update(tun)
@@ -219,7 +248,7 @@ def test_asp_cov_v5_matches_float64(gpu, shape, tun, rng, tmp_path):
     N, D, M, off = shape
     X = make_blobs(rng, N, D, M, offset=off, dtype=np.float32)
     resp = rng.dirichlet(np.ones(M), N)
-    mu = ((resp.T @ X.astype(np.float64)) / resp.sum(0)[:, None])
+    mu = (resp.T @ X.astype(np.float64)) / resp.sum(0)[:, None]
     ldn = -(-N // 256) * 256
     xt = np.zeros((D, ldn), np.float32)
     xt[:, :N] = X.T
@@ -230,11 +259,22 @@ def test_asp_cov_v5_matches_float64(gpu, shape, tun, rng, tmp_path):
     cells = D * (D + 1) // 2 if cv == "full" else D
     acc = np.zeros((M, cells))
     fn, spec, t = _load(drv, "V5", D, M, cv, tun, tmp_path)
-    env = dict(Problem(N, D, M, cv).as_dict(), ldn=ldn, sm_count=132, max_threads=1024, smem_per_block=227 * 1024,
-               **t)
+    env = dict(Problem(N, D, M, cv).as_dict(), ldn=ldn, sm_count=132, max_threads=1024, smem_per_block=227 * 1024, **t)
     i32 = np.int32
-    _launch(drv, fn, spec, env, drv.In(xt), drv.In(rt), drv.In(mu.astype(np.float32)), drv.In(np.ones(M)),
-            drv.InOut(acc), drv.In(np.zeros(1)), i32(N), i32(ldn))
+    _launch(
+        drv,
+        fn,
+        spec,
+        env,
+        drv.In(xt),
+        drv.In(rt),
+        drv.In(mu.astype(np.float32)),
+        drv.In(np.ones(M)),
+        drv.InOut(acc),
+        drv.In(np.zeros(1)),
+        i32(N),
+        i32(ldn),
+    )
     ii, jj = np.tril_indices(D) if cv == "full" else (np.arange(D), np.arange(D))
     X64, R64, mu32 = X.astype(np.float64), rt[:, :N].T.astype(np.float64), mu.astype(np.float32).astype(np.float64)
     for k in range(M):
@@ -274,11 +314,25 @@ def test_asp_estep_fast_matches_reference(gpu, shape, cvtype, rng, tmp_path):
     logp = np.full(ldn, np.nan, np.float32)
     stat = np.zeros(2)
     fn, spec, t = _load(drv, "estep_fast", D, M, cvtype, {}, tmp_path)
-    env = dict(Problem(N, D, M, cvtype).as_dict(), ldn=ldn, sm_count=132, max_threads=1024,
-               smem_per_block=227 * 1024, **t)
+    env = dict(
+        Problem(N, D, M, cvtype).as_dict(), ldn=ldn, sm_count=132, max_threads=1024, smem_per_block=227 * 1024, **t
+    )
     i32 = np.int32
-    _launch(drv, fn, spec, env, drv.In(xt), drv.In(means.astype(np.float32)), drv.In(packed), drv.In(logc),
-            drv.InOut(resp), drv.InOut(logp), drv.InOut(stat), i32(N), i32(ldn))
+    _launch(
+        drv,
+        fn,
+        spec,
+        env,
+        drv.In(xt),
+        drv.In(means.astype(np.float32)),
+        drv.In(packed),
+        drv.In(logc),
+        drv.InOut(resp),
+        drv.InOut(logp),
+        drv.InOut(stat),
+        i32(N),
+        i32(ldn),
+    )
     rlp, rpost = ref.estep(X64, w, means, covars, cvtype)
     tol = 1e-3 if off else 1e-4
     np.testing.assert_allclose(logp[:N], rlp, rtol=tol, atol=tol * np.abs(rlp).max())

@@ -58,6 +58,7 @@ def test_v6_guard_flags_only_cancelling_components(rng):
     if not _v6_allowed():
         pytest.skip("V6 needs compute capability 8.0")
     from cuda_helpers import labelled_blobs, mstep_probe
+
     X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, 100.0, 0.05, 0.0)
     pr = mstep_probe(X, w, mu, cv)
     assert pr["flags"].all(), pr["ratio"].max(1)

@@ -14,8 +14,20 @@ from asp_gmm.problem import Problem
 from conftest import init_params, make_blobs, reference_estep, session_vs_reference, train_vs_reference
 
 V7 = registry.get("cuda", "V7", "covariance")
-SHAPES = [(150_000, 19, 16), (500_000, 36, 128), (1003, 7, 3), (517, 1, 4), (2000, 13, 1), (3001, 5, 12),
-          (2501, 9, 24), (6007, 71, 3), (4001, 65, 128), (4001, 97, 128), (1000, 24, 512), (999, 150, 2)]
+SHAPES = [
+    (150_000, 19, 16),
+    (500_000, 36, 128),
+    (1003, 7, 3),
+    (517, 1, 4),
+    (2000, 13, 1),
+    (3001, 5, 12),
+    (2501, 9, 24),
+    (6007, 71, 3),
+    (4001, 65, 128),
+    (4001, 97, 128),
+    (1000, 24, 512),
+    (999, 150, 2),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
@@ -77,15 +89,19 @@ def test_v7_shapes_reach_every_code_path():
     """The geometry test's shapes include both one M-phase tile per thread and rounds of tiles; so do
     the GPU shapes below ((4001, 97, 128): rounds)."""
     ctx = dict(cu._DEFAULT_LIMITS)
-    envs = [V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **dict(V7.default_tunables(), mtc=0),
-                           **ctx))
-            for N, D, M in SHAPES]
+    envs = [
+        V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **dict(V7.default_tunables(), mtc=0), **ctx))
+        for N, D, M in SHAPES
+    ]
     assert {e["MTILES"] > e["NTH"] for e in envs if e["SMEM"] <= ctx["smem_optin"]} == {True, False}
     # the tensor-core M phase: warps that split the events (ES > 1) and warps with several component
     # tiles, in the GPU shapes of test_v7_tensor_cores_match_reference
-    tc = [V7.derive(dict(Problem(N, D, M, "diag", "float32").as_dict(), **dict(V7.default_tunables(), mtc=1,
-                                                                              tc_wm=2), **ctx))
-          for N, D, M in TC_SHAPES]
+    tc = [
+        V7.derive(
+            dict(Problem(N, D, M, "diag", "float32").as_dict(), **dict(V7.default_tunables(), mtc=1, tc_wm=2), **ctx)
+        )
+        for N, D, M in TC_SHAPES
+    ]
     assert any(e["ES"] > 1 for e in tc) and any(e["WM"] > 1 for e in tc) and any(e["TMT"] % e["WM"] for e in tc)
     # E-phase thread tiles of 4, 2 and 1 events, and warps with several column tiles that split the events
     assert {e["EV"] for e in tc} == {1, 2, 4} and any(e["ES"] > 1 and e["WN"] > 1 for e in tc)
@@ -102,7 +118,7 @@ def test_v7_runs_on_the_cuda_cores_where_the_tensor_cores_cannot(monkeypatch):
     big, usual = Problem(4001, 97, 128, "diag", "float32"), Problem(500_000, 36, 128, "diag", "float32")
     assert V7.default_tunables()["mtc"] == 1 and V7.allows(usual, extra=ctx) and not V7.allows(big, extra=ctx)
     assert V7.first_allowed(big, extra=ctx)["mtc"] == 0
-    be = object.__new__(cu.CudaBackend)   # what is asked here needs the limit context only, not a device
+    be = object.__new__(cu.CudaBackend)  # what is asked here needs the limit context only, not a device
     monkeypatch.setattr(be, "limit_context", lambda: dict(ctx, cc=75))
     assert be.tunables_for(V7, usual) == dict(V7.default_tunables(), mtc=0)
     assert V7 in be.covariance_variants(usual) and V7 in be.covariance_variants(big)
@@ -124,9 +140,11 @@ def _check(covars, means, weights, ll, r, rtol=2e-4):
 
 @gpu
 @pytest.mark.parametrize("offset", [0.0, 1000.0])
-@pytest.mark.parametrize("shape", [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (4001, 97, 128), (300, 4, 2),
-                                   (3001, 11, 40)],
-                         ids=lambda s: "N%d-D%d-M%d" % s)
+@pytest.mark.parametrize(
+    "shape",
+    [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (4001, 97, 128), (300, 4, 2), (3001, 11, 40)],
+    ids=lambda s: "N%d-D%d-M%d" % s,
+)
 def test_v7_matches_reference(shape, offset, rng):
     """(4001, 97, 128): more M-phase tiles than threads (rounds); (300, 4, 2): one tile, most blocks
     without events (their partials must read as zero); (3001, 11, 40): an odd number of E-phase component
@@ -142,12 +160,23 @@ def test_v7_matches_reference(shape, offset, rng):
     np.testing.assert_allclose(post, rpost, atol=1e-3)
 
 
-TC_SHAPES = [(40_003, 36, 16), (5003, 19, 5), (700, 3, 1), (300, 4, 2), (3001, 11, 40), (20_001, 36, 128),
-             (2000, 24, 72), (6007, 71, 3), (2001, 24, 32)]
+TC_SHAPES = [
+    (40_003, 36, 16),
+    (5003, 19, 5),
+    (700, 3, 1),
+    (300, 4, 2),
+    (3001, 11, 40),
+    (20_001, 36, 128),
+    (2000, 24, 72),
+    (6007, 71, 3),
+    (2001, 24, 32),
+]
 
 
 @gpu
-@pytest.mark.parametrize("tun", [{"mtc": 0}, {"tc_wm": 1}, {"tc_wm": 2}], ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()))
+@pytest.mark.parametrize(
+    "tun", [{"mtc": 0}, {"tc_wm": 1}, {"tc_wm": 2}], ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items())
+)
 @pytest.mark.parametrize("offset", [0.0, 1000.0])
 @pytest.mark.parametrize("shape", TC_SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
 def test_v7_both_m_phases_match_reference(shape, offset, tun, rng):
@@ -190,7 +219,7 @@ def _flags(s, D, M):
     out = np.zeros(D + M, np.float64)
     with s.dev.active():
         s.drv.memcpy_dtoh(out, s.buf.scratch)
-    return out[D:D + M]
+    return out[D : D + M]
 
 
 @gpu
@@ -203,6 +232,7 @@ def test_v7_guard_flags_only_cancelling_components(mtc, fill, rng):
     runs."""
     from asp_gmm import reference as ref
     from cuda_helpers import labelled_blobs
+
     for spread, scale, want in ((100.0, 0.05, True), (1.0, 1.0, False)):
         X, w, mu, cv = labelled_blobs(rng, 50_000, 12, 8, spread, scale, 0.0)
         r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
@@ -225,6 +255,7 @@ def test_v7_exact_pass_serves_scattered_flags(mtc, fill, rng):
     """The exact fallback takes the flagged components 4 at a time by ballots over 32 flags: flags on
     both sides of a 32-component boundary, 8 of 40 (two passes), the others left to the fused sums."""
     from asp_gmm import reference as ref
+
     N, D, M = 40_000, 7, 40
     far = np.array([2, 5, 31, 32, 33, 34, 36, 39])
     centres = rng.normal(0.0, 2.0, (M, D))
@@ -255,6 +286,7 @@ def test_v7_after_plain_estep_and_failed_step(rng):
     calls in a row continue from the sums the last E-step left; eval then gives every posterior row
     (V7's E-step stores only those its exact fallback may need)."""
     from asp_gmm import reference as ref
+
     X = make_blobs(rng, 20_011, 10, 6, dtype=np.float32)
     w, mu, cv = init_params(rng, X, 6, "diag")
     r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 3, 3, 0.0)

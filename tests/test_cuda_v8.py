@@ -3,6 +3,7 @@ mma in the 3xTF32 split. Without a GPU: the render-time tile plan of V8 covers t
 agrees with the manifest's geometry. On a GPU: both kernels against the float64 reference on odd shapes
 (D not a multiple of 8, M = 1, N smaller than a block), data far from the origin, and one iteration's
 accuracy at the float32 level."""
+
 import re
 
 import numpy as np
@@ -35,14 +36,16 @@ def test_v8_plan_covers_the_lower_triangle_once(D, tmax):
             if r < G and r >= c:
                 seen[(r, c)] = seen.get((r, c), 0) + 1
     assert seen == {(r, c): 1 for r in range(G) for c in range(r + 1)}
-    env = V8.derive(dict(Problem(1000, D, 4, "full", "float32").as_dict(), **dict(V8.default_tunables(), tmax=tmax),
-                         **CTX))
+    env = V8.derive(
+        dict(Problem(1000, D, 4, "full", "float32").as_dict(), **dict(V8.default_tunables(), tmax=tmax), **CTX)
+    )
     assert env["TT"] == len(tiles) and env["TW"] == -(-len(tiles) // tmax)
     assert env["NTH"] == 32 * env["CB"] * env["TW"]
 
 
-@pytest.mark.parametrize("shape", [(1000, 36, 128), (1000, 19, 16), (1000, 128, 3), (1000, 1, 1)],
-                         ids=lambda s: "N%d-D%d-M%d" % s)
+@pytest.mark.parametrize(
+    "shape", [(1000, 36, 128), (1000, 19, 16), (1000, 128, 3), (1000, 1, 1)], ids=lambda s: "N%d-D%d-M%d" % s
+)
 def test_v8_template_agrees_with_its_manifest(shape):
     p = Problem(*shape, "full", "float32")
     tun = V8.first_allowed(p, extra=CTX)
@@ -69,8 +72,11 @@ gpu = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: 
 
 @gpu
 @pytest.mark.parametrize("offset", [0.0, 1000.0])
-@pytest.mark.parametrize("shape", [(20_011, 36, 16), (3001, 9, 5), (700, 3, 1), (8009, 71, 3), (401, 128, 2),
-                                   (9001, 64, 24), (90, 17, 3)], ids=lambda s: "N%d-D%d-M%d" % s)
+@pytest.mark.parametrize(
+    "shape",
+    [(20_011, 36, 16), (3001, 9, 5), (700, 3, 1), (8009, 71, 3), (401, 128, 2), (9001, 64, 24), (90, 17, 3)],
+    ids=lambda s: "N%d-D%d-M%d" % s,
+)
 def test_v8_and_estep_tc_match_reference(shape, offset, rng, monkeypatch):
     N, D, M = shape
     monkeypatch.setenv("ASP_GMM_CUDA_ESTEP", "estep_tc")
@@ -97,6 +103,7 @@ def test_one_iteration_is_float32_accurate(offset, rng, monkeypatch):
     w, mu, cv = init_params(rng, X, M, "full")
     r = ref.em(X.astype(np.float64), w, mu, cv, "full", 1e-6, 1, 1, 0.0)
     from asp_gmm import GMM
+
     g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype="full", backend="cuda", variant="V8")
     g.train(X, min_em_iters=1, max_em_iters=1, tol=0.0)
     err = np.linalg.norm(g.covars.astype(np.float64) - r["covars"]) / np.linalg.norm(r["covars"])

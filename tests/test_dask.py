@@ -1,5 +1,6 @@
 """Distributed EM on Dask (asp_gmm/dask.py): a LocalCluster of 2 worker processes gives the
 single-process answer, also when a worker dies mid-pass; bad inputs are named."""
+
 import os
 import sys
 
@@ -26,8 +27,9 @@ ITERS = 5
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, worker_dashboard_address=None)
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, worker_dashboard_address=None
+    )
     with cluster, distributed.Client(cluster) as c:
         yield c
 
@@ -72,7 +74,7 @@ def _block_or_die(block_id, marker):
         else:
             os._exit(1)
     X = data()
-    return X[i * 500:(i + 1) * 500]
+    return X[i * 500 : (i + 1) * 500]
 
 
 def test_a_worker_killed_mid_fit_changes_nothing(client, tmp_path):
@@ -84,10 +86,12 @@ def test_a_worker_killed_mid_fit_changes_nothing(client, tmp_path):
 
     def arm(k, ll):
         passes.append(k)
-        if k == 1:      # the third pass loses a worker while it computes its blocks
+        if k == 1:  # the third pass loses a worker while it computes its blocks
             open(marker, "w").close()
-    r = agd.fit(dX, M, cvtype="full", dtype=np.float64, backend="c", min_iters=ITERS, max_iters=ITERS, tol=0.0,
-                callback=arm)
+
+    r = agd.fit(
+        dX, M, cvtype="full", dtype=np.float64, backend="c", min_iters=ITERS, max_iters=ITERS, tol=0.0, callback=arm
+    )
     assert not os.path.exists(marker), "the worker was never killed"
     assert passes == list(range(ITERS + 1))
     assert_same(r, g)
@@ -97,8 +101,15 @@ def test_nan_in_a_block_names_the_block_and_row(client):
     X = data()
     X[1234, 1] = np.nan
     with pytest.raises(StreamError, match=r"3rd chunk .*from row 1000.* row 1234 \(row 234 of the chunk\), column 1"):
-        agd.fit(da.from_array(X, chunks=(500, D)), M, dtype=np.float64, backend="c",
-                means=X[:M], covars=np.repeat(np.eye(D)[None], M, 0), weights=np.full(M, 1 / M))
+        agd.fit(
+            da.from_array(X, chunks=(500, D)),
+            M,
+            dtype=np.float64,
+            backend="c",
+            means=X[:M],
+            covars=np.repeat(np.eye(D)[None], M, 0),
+            weights=np.full(M, 1 / M),
+        )
 
 
 def test_bad_inputs_are_named():
@@ -116,8 +127,18 @@ def test_bad_inputs_are_named():
 def test_local_scheduler_without_a_cluster_gives_the_same_answer():
     X = data()
     g = in_process(X, "diag")
-    r = agd.fit(da.from_array(X, chunks=(1000, 2)), M, cvtype="diag", dtype=np.float64, backend="c",
-                min_iters=ITERS, max_iters=ITERS, tol=0.0, client=False, split_every=2)
+    r = agd.fit(
+        da.from_array(X, chunks=(1000, 2)),
+        M,
+        cvtype="diag",
+        dtype=np.float64,
+        backend="c",
+        min_iters=ITERS,
+        max_iters=ITERS,
+        tol=0.0,
+        client=False,
+        split_every=2,
+    )
     assert_same(r, g)
 
 

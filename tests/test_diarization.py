@@ -4,6 +4,7 @@ They need no speech synthesiser: they use the bundled meeting and synthetic sign
 recordings are tested in test_diarization_real.py). The clustering is checked with the
 scikit-learn adapter and, when asp_gmm is importable, with its "c" and "numpy" backends.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,6 +35,7 @@ import sklearn_gmm  # noqa: E402
 def _has_asp_gmm():
     try:
         import asp_gmm  # noqa: F401
+
         return True
     except ImportError:
         return False
@@ -110,6 +112,7 @@ def test_der_agrees_with_pyannote_metrics(rng):
                 out.append((round(t, 2), round(d, 2), f"s{k}"))
                 t += d + rng.uniform(0.01, 5)
         return out
+
     for _ in range(60):
         ref = segs(rng.integers(1, 8), rng.integers(1, 5))
         hyp = segs(rng.integers(0, 8), rng.integers(1, 6))
@@ -122,11 +125,12 @@ def test_der_agrees_with_pyannote_metrics(rng):
 
 def test_max_weight_matching_equals_scipy(rng):
     from scipy.optimize import linear_sum_assignment
+
     for t in range(300):
         n, m = rng.integers(1, 9), rng.integers(1, 9)
         w = rng.random((n, m)) * (rng.random((n, m)) < 0.6)
         if t % 3 == 0:
-            w = np.round(w * 3)          # ties
+            w = np.round(w * 3)  # ties
         ours = rttm.max_weight_matching(w)
         r, c = linear_sum_assignment(-w)
         assert sum(w[i, j] for i, j in ours) == pytest.approx(w[r, c].sum(), abs=1e-12)
@@ -185,7 +189,7 @@ def test_features_shape_rate_and_speech_detection():
     on = f.speech.astype(int)
     assert on[:60].sum() == 0 and on[-60:].sum() == 0
     assert on[80:140].all()  # inside the first burst (0.7 s to 1.5 s)
-    assert f.mfcc.shape[1] == features.N_FEATURES == 20   # c0..c19
+    assert f.mfcc.shape[1] == features.N_FEATURES == 20  # c0..c19
     assert np.allclose(f.mfcc[f.speech].mean(0), 0, atol=1e-4)
     # another sample rate gives the same frame rate; stationary noise alone is no speech
     f8 = features.compute_features(x[::2].copy(), 8000)
@@ -200,9 +204,9 @@ def test_cepstra_match_a_direct_computation():
     """The chunked, strided front end gives the textbook MFCC of a frame."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal(16000).astype(np.float32)
-    f = features.compute_features(x, 16000, chunk=7)   # chunks that do not divide the frames
+    f = features.compute_features(x, 16000, chunk=7)  # chunks that do not divide the frames
     i = 40
-    frame = np.pad(x, 256)[i * 160:i * 160 + 512].astype(np.float64)
+    frame = np.pad(x, 256)[i * 160 : i * 160 + 512].astype(np.float64)
     w = np.zeros(512)
     w[56:456] = np.hamming(401)[:-1]
     power = np.abs(np.fft.rfft(frame * w)) ** 2
@@ -221,8 +225,7 @@ def test_close_gaps_fills_pauses_inside_speech_only():
 
 def test_gmm_speech_finds_the_bursts():
     f = features.compute_features(_tone_bursts(), 16000)
-    m, info = sad.gmm_speech(f, lambda M, D: sklearn_gmm.GMM(M, D, cvtype="diag", reg_covar=1e-3,
-                                                             seed=0))
+    m, info = sad.gmm_speech(f, lambda M, D: sklearn_gmm.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0))
     assert info["boot_speech"] > 0 and info["boot_nonspeech"] > 0
     on = m.astype(int)
     # both bursts (0.7-1.5 s, 2.2-3.0 s) are found around their peaks, no silence is speech
@@ -234,7 +237,7 @@ def test_viterbi_resegmentation():
     rng = np.random.default_rng(0)
     truth = np.r_[np.zeros(300, int), np.ones(400, int), np.zeros(300, int)]
     ll = rng.normal(0, 3, (2, len(truth)))
-    ll[truth, np.arange(len(truth))] += 2.0   # noisy frame scores favouring the truth
+    ll[truth, np.arange(len(truth))] += 2.0  # noisy frame scores favouring the truth
     lab = reseg.resegment(ll, block=5, penalty=40, min_run=30)
     st, en, val = reseg.runs(lab)
     assert val.tolist() == [0, 1, 0]
@@ -276,8 +279,9 @@ def test_sklearn_adapter_api_and_bic_sign():
         g2.train(a[:300], 3, 3)
         g3 = sklearn_gmm.GMM(2, 3, cvtype=cv)
         g3.train(a[300:], 3, 3)
-        merged, diff_score = sklearn_gmm.compute_distance_BIC(g, h, np.concatenate([a, b]),
-                                                              min_em_iters=3, max_em_iters=3)
+        merged, diff_score = sklearn_gmm.compute_distance_BIC(
+            g, h, np.concatenate([a, b]), min_em_iters=3, max_em_iters=3
+        )
         assert merged.M == 4 and diff_score < 0
         _, same_score = sklearn_gmm.compute_distance_BIC(g2, g3, a, min_em_iters=3, max_em_iters=3)
         assert same_score > diff_score
@@ -287,6 +291,7 @@ def test_sklearn_adapter_api_and_bic_sign():
 def test_sklearn_adapter_matches_asp_gmm_numpy():
     """The adapter and asp_gmm run the same EM: from the same parameters, same results."""
     from asp_gmm import GMM
+
     rng = np.random.default_rng(3)
     X = np.concatenate([rng.normal(0, 1, (400, 4)), rng.normal(3, 0.5, (400, 4))]).astype(np.float64)
     for cv in ("diag", "full"):
@@ -308,7 +313,7 @@ def test_supervector_cosine_separates_sources():
     D = 6
     centres = 1.5 * rng.standard_normal((3, D))
     X = np.concatenate([c + rng.standard_normal((600, D)) for c in centres]).astype(np.float32)
-    labels = np.repeat([0, 1, 2, 3], [300, 300, 600, 600])   # 0 and 1: halves of source 0
+    labels = np.repeat([0, 1, 2, 3], [300, 300, 600, 600])  # 0 and 1: halves of source 0
     be = cluster.Backend("c" if _has_asp_gmm() else "sklearn")
     c = cluster.Clusterer(X, be, cluster.ClusterParams(ubm_components=8, seg_len=100))
     S = c.supervectors(labels, [0, 1, 2, 3])
@@ -351,8 +356,7 @@ def test_clustering_finds_the_four_speakers(meeting, backend):
     # threshold; every merge before it passed both
     assert c.prof.rounds >= 1 and c.prof.calls["bic"] > 0
     assert c.history[-1][2] is None
-    assert (c.history[-1][1] < c.p.relative_threshold
-            or c.pair_cosines[-1] < c.p.cosine_threshold)
+    assert c.history[-1][1] < c.p.relative_threshold or c.pair_cosines[-1] < c.p.cosine_threshold
     assert all(h[1] >= c.p.relative_threshold for h in c.history[:-1])
     # (a cosine is NaN where a cluster was too small to be checked)
     assert not any(x < c.p.cosine_threshold for x in c.pair_cosines[:-1])
@@ -360,8 +364,15 @@ def test_clustering_finds_the_four_speakers(meeting, backend):
 
 def test_seed_rule_is_still_reachable(meeting):
     """The former algorithm (growing models, BIC score > 0, sliding vote) runs from flags."""
-    n, d, c = _diarize_frames(meeting, "c" if _has_asp_gmm() else "sklearn", merge_rule="bic",
-                              n_components=5, max_model_components=32, pre_iters=0, bic_iters=0)
+    n, d, c = _diarize_frames(
+        meeting,
+        "c" if _has_asp_gmm() else "sklearn",
+        merge_rule="bic",
+        n_components=5,
+        max_model_components=32,
+        pre_iters=0,
+        bic_iters=0,
+    )
     assert n == 4 and d < 0.10
     assert all(h[1] > 0 for h in c.history[:-1]) and c.history[-1][1] <= 0
 
@@ -394,8 +405,9 @@ def test_threads_do_not_change_the_result(meeting):
     assert out[0] == out[1]
 
 
-@pytest.mark.skipif(not _has_asp_gmm(), reason="asp_gmm not importable (full covariance on "
-                    "scikit-learn is too slow for the test suite)")
+@pytest.mark.skipif(
+    not _has_asp_gmm(), reason="asp_gmm not importable (full covariance on scikit-learn is too slow for the test suite)"
+)
 def test_clustering_full_covariance(meeting):
     n, d, c = _diarize_frames(meeting, "c", cvtype="full")
     # Full covariances on 2 minutes leave one small extra cluster (251 frames); the DER stays low.
@@ -416,8 +428,13 @@ def test_bundled_meeting_is_small_and_matches_its_rttm():
 # ---------------------------------------------------------------------------- the command
 def _run(*args, timeout=120):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, str(EX / "diarize.py"), *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, str(EX / "diarize.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def _write(path, x, sr=16000):
@@ -425,12 +442,15 @@ def _write(path, x, sr=16000):
     return path
 
 
-@pytest.mark.parametrize("case,message", [
-    ("missing", "no such file"),
-    ("garbage", "cannot read audio"),
-    ("empty", "no audio samples"),
-    ("short", "shorter than one voting segment"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("missing", "no such file"),
+        ("garbage", "cannot read audio"),
+        ("empty", "no audio samples"),
+        ("short", "shorter than one voting segment"),
+    ],
+)
 def test_bad_audio_fails_cleanly(tmp_path, case, message):
     p = tmp_path / f"{case}.wav"
     if case == "garbage":
@@ -465,10 +485,10 @@ def test_command_on_bundled_meeting(tmp_path):
     assert "x-realtime:" in r.stdout and "(processing)" in r.stdout and "end to end" in r.stdout
     proc = float(r.stdout.split("x-realtime: ")[1].split(" (processing)")[0])
     e2e = float(r.stdout.split("(processing); ")[1].split(" end to end")[0])
-    assert 0 < e2e < proc   # end to end counts the imports and the warm-up as well
+    assert 0 < e2e < proc  # end to end counts the imports and the warm-up as well
     hyp = rttm.read_rttm(out)["meeting"]
     assert len({s[2] for s in hyp}) == 4
-    assert min(d for _, d, _ in hyp) >= 0.2 - 1e-9   # no absurdly short segment
+    assert min(d for _, d, _ in hyp) >= 0.2 - 1e-9  # no absurdly short segment
     assert png.stat().st_size > 1000
 
 
@@ -478,4 +498,4 @@ def test_help_shows_no_default_for_required_rttm():
     rttm_help = r.stdout.split("--rttm RTTM", 2)[-1].split("--ref")[0]
     assert "required" in rttm_help and "default: None" not in rttm_help
     assert "default: None" not in r.stdout
-    assert "(default: relative)" in r.stdout   # real defaults are still shown
+    assert "(default: relative)" in r.stdout  # real defaults are still shown

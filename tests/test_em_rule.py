@@ -1,4 +1,5 @@
 """One iteration-argument order (min_iters, max_iters; keywords) and one convergence rule."""
+
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,14 @@ def test_keywords_and_the_legacy_positional_order_agree(backend):
     prob = Problem(600, 2, 2, "diag", "float32")
     be = get_backend(backend)
     from asp_gmm import registry
+
     v = registry.variants(backend, "covariance")[0]
     kernel = be.kernel(v, be.tunables_for(v, prob), prob)
     out = []
-    for call in (lambda s: s.em(kernel, min_iters=2, max_iters=50, tol=1e-3, reg_covar=1e-6),
-                 lambda s: s.em(kernel, 50, 2, 1e-3, 1e-6)):
+    for call in (
+        lambda s: s.em(kernel, min_iters=2, max_iters=50, tol=1e-3, reg_covar=1e-6),
+        lambda s: s.em(kernel, 50, 2, 1e-3, 1e-6),
+    ):
         with be.open(X, prob) as s:
             s.set_params([0.5, 0.5], X[[0, 599]].astype(np.float64), np.ones((2, 2)), 1e-6)
             run = call(s)

@@ -1,4 +1,5 @@
 """One exception family under ASPGMMError that keeps the built-ins users already catch."""
+
 import numpy as np
 import pytest
 
@@ -9,19 +10,22 @@ from asp_gmm.problem import Problem
 from asp_gmm.tuning_db import errors as history_errors
 
 
-@pytest.mark.parametrize("cls, builtins", [
-    (errors.NotPositiveDefiniteError, (np.linalg.LinAlgError, ValueError, reference.NotPositiveDefiniteError)),
-    (errors.NonFiniteError, (FloatingPointError, ValueError, reference.NonFiniteError)),
-    (errors.VariantNotApplicableError, (ValueError,)),
-    (errors.ManifestError, (ValueError,)),
-    (errors.KernelError, (RuntimeError,)),
-    (errors.HistoryError, (history_errors.HistoryError,)),
-    (errors.SchemaMismatchError, (errors.HistoryError, history_errors.SchemaMismatchError)),
-    (errors.CacheError, (OSError,)),
-    (errors.UnsafeCacheError, (errors.CacheError, PermissionError)),
-    (errors.CompileError, ()),
-    (errors.BackendUnavailableError, ()),
-])
+@pytest.mark.parametrize(
+    "cls, builtins",
+    [
+        (errors.NotPositiveDefiniteError, (np.linalg.LinAlgError, ValueError, reference.NotPositiveDefiniteError)),
+        (errors.NonFiniteError, (FloatingPointError, ValueError, reference.NonFiniteError)),
+        (errors.VariantNotApplicableError, (ValueError,)),
+        (errors.ManifestError, (ValueError,)),
+        (errors.KernelError, (RuntimeError,)),
+        (errors.HistoryError, (history_errors.HistoryError,)),
+        (errors.SchemaMismatchError, (errors.HistoryError, history_errors.SchemaMismatchError)),
+        (errors.CacheError, (OSError,)),
+        (errors.UnsafeCacheError, (errors.CacheError, PermissionError)),
+        (errors.CompileError, ()),
+        (errors.BackendUnavailableError, ()),
+    ],
+)
 def test_every_error_is_an_aspgmm_error_and_its_builtin(cls, builtins):
     assert issubclass(cls, errors.ASPGMMError)
     for b in builtins:

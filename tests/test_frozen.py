@@ -1,4 +1,5 @@
 """asp_gmm.frozen: which arrays count as unchangeable, the memo keyed by them, and freeze()."""
+
 import numpy as np
 import pytest
 
@@ -8,14 +9,14 @@ from asp_gmm.gmm import check_data
 
 
 def test_only_immutable_chains_are_frozen():
-    a = np.arange(12.0).reshape(4, 3).copy()   # owns its memory
+    a = np.arange(12.0).reshape(4, 3).copy()  # owns its memory
     assert frozen.identity(a) is None
     a.flags.writeable = False
-    assert frozen.identity(a) is None          # read-only, but its owner can make it writeable again
+    assert frozen.identity(a) is None  # read-only, but its owner can make it writeable again
     v = a[1:]
     assert frozen.identity(v) is None
     b = np.frombuffer(b"\x00" * 96, dtype=np.float64).reshape(4, 3)
-    assert frozen.identity(b) is not None      # bytes cannot change
+    assert frozen.identity(b) is not None  # bytes cannot change
     assert frozen.identity(b[1:]) is not None and frozen.identity(b[1:])[1] != frozen.identity(b)[1]
     with pytest.raises(ValueError):
         b.flags.writeable = True
@@ -29,7 +30,7 @@ def test_freeze_makes_an_immutable_copy_once():
     for arr in (F, F.base):
         with pytest.raises(ValueError):
             arr.flags.writeable = True
-    X[0, 0] = 99.0                             # a copy: the original stays the owner's
+    X[0, 0] = 99.0  # a copy: the original stays the owner's
     assert F[0, 0] == 0.0
     assert asp_gmm.freeze(F) is F and asp_gmm.freeze(F, np.float32) is F
     assert asp_gmm.freeze(F, np.float64).dtype == np.float64
@@ -39,17 +40,17 @@ def test_memo_forgets_dead_arrays_and_changeable_ones():
     m = frozen.Memo(size=2)
     a = np.ones(5)
     m.put(a, 1)
-    assert m.get(a) is None                    # writeable: never remembered
+    assert m.get(a) is None  # writeable: never remembered
     a.flags.writeable = False
     m.put(a, 1)
-    assert m.get(a) is None                    # read-only but changeable: never remembered either
+    assert m.get(a) is None  # read-only but changeable: never remembered either
     f = asp_gmm.freeze(a)
     m.put(f, 1)
     assert m.get(f) == 1
     key = frozen.identity(f)[1]
     del f
     c = asp_gmm.freeze(np.ones(5))
-    if frozen.identity(c)[1] == key:           # same address reused: the dead weakref tells
+    if frozen.identity(c)[1] == key:  # same address reused: the dead weakref tells
         assert m.get(c) is None
     for i in range(3):
         m.put(asp_gmm.freeze(np.full(3, float(i))), i)

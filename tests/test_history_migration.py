@@ -2,6 +2,7 @@
 
 tests/data/history-schema1.{sqlite,json} were written by the schema-1 code (a CPU recorded with 1 and
 with 2 threads, so two devices; an H100 stored with cores = 0 and isa = "")."""
+
 import shutil
 import sqlite3
 from pathlib import Path
@@ -10,21 +11,35 @@ from asp_gmm.tuning_db import SCHEMA_VERSION, History
 from asp_gmm.tuning_db.devices import CpuFingerprint, CudaFingerprint, device_id, device_of
 
 DATA = Path(__file__).parent / "data"
-GPU = {"backend": "cuda", "model": "NVIDIA H100 80GB HBM3", "arch": "sm_90", "sm_count": 132,
-       "memory": 84929216512, "driver": 12080, "compiler": "nvcc 13.0"}
+GPU = {
+    "backend": "cuda",
+    "model": "NVIDIA H100 80GB HBM3",
+    "arch": "sm_90",
+    "sm_count": 132,
+    "memory": 84929216512,
+    "driver": 12080,
+    "compiler": "nvcc 13.0",
+}
 
 
 def test_one_fingerprint_type_per_backend_fills_the_columns():
     g = device_of(GPU)
-    assert isinstance(g, CudaFingerprint) and (g.cc, g.sm_count, g.memory, g.driver) == ("sm_90", 132, 84929216512, "12080")
-    assert g.columns() == dict(backend="cuda", model="NVIDIA H100 80GB HBM3", isa="sm_90", cores=132,
-                               driver="12080", compiler="nvcc 13.0")
+    assert isinstance(g, CudaFingerprint) and (g.cc, g.sm_count, g.memory, g.driver) == (
+        "sm_90",
+        132,
+        84929216512,
+        "12080",
+    )
+    assert g.columns() == dict(
+        backend="cuda", model="NVIDIA H100 80GB HBM3", isa="sm_90", cores=132, driver="12080", compiler="nvcc 13.0"
+    )
     c = device_of({"backend": "c", "model": "X", "isa": ["avx2", "fma"], "threads": 16, "arch": "x86_64"})
     assert isinstance(c, CpuFingerprint) and c.columns()["isa"] == "avx2,fma" and c.columns()["cores"] == 16
 
 
 def test_the_cpu_fingerprint_does_not_depend_on_the_threads_setting(monkeypatch):
     from asp_gmm.backends.c import CBackend
+
     be = CBackend()
     monkeypatch.setenv("ASP_GMM_NUM_THREADS", "1")
     one = be.device_id
@@ -50,16 +65,16 @@ def test_a_schema1_file_is_migrated_and_keeps_its_rows(tmp_path):
         h.close()
     assert SCHEMA_VERSION == 3 and before == len(rows) == 6
     cpus = [(d, fp, n) for d, fp, n in devices if fp["backend"] == "c"]
-    assert len(cpus) == 1 and cpus[0][1]["threads"] == 2 and cpus[0][2] == 4   # one CPU, one device
+    assert len(cpus) == 1 and cpus[0][1]["threads"] == 2 and cpus[0][2] == 4  # one CPU, one device
     cpu_rows = sorted((r.M, r.threads, r.seconds) for r in rows if r.device_id == cpus[0][0])
     assert cpu_rows == [(4, 1, 0.04), (4, 2, 0.08), (16, 1, 0.16), (16, 2, 0.32)]
-    assert all(r.sampled_from is None for r in rows)   # schema 3: older timings ran on the whole data
+    assert all(r.sampled_from is None for r in rows)  # schema 3: older timings ran on the whole data
     with sqlite3.connect(db) as c:
         assert c.execute("select version from asp_gmm_schema").fetchone()[0] == 3
         gpu = c.execute("select isa, cores, driver from devices where backend = 'cuda'").fetchall()
         assert gpu == [("sm_90", 132, "12080")]
         assert c.execute("select count(*) from devices where backend = 'c'").fetchone()[0] == 1
-    h = History(f"sqlite:///{db}")      # opening again: already version 2, nothing changes
+    h = History(f"sqlite:///{db}")  # opening again: already version 2, nothing changes
     try:
         assert len(h.rows()) == 6 and len(h.devices()) == 2
     finally:
@@ -103,8 +118,10 @@ def test_a_c_run_stores_the_threads_it_used(tmp_path, monkeypatch):
     from asp_gmm import GMM
     from asp_gmm.backends import get_backend
     from asp_gmm.runtime import default_runtime
+
     if get_backend("c").unavailable_reason():
         import pytest
+
         pytest.skip("no C compiler")
     db = tmp_path / "h.sqlite"
     monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{db}")

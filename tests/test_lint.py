@@ -1,4 +1,5 @@
 """The lint configuration in pyproject.toml ([tool.ruff]) holds for the whole repository."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -7,16 +8,34 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_ruff_check_is_clean():
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "No module named ruff" not in r.stderr, "ruff is missing: pip install -e '.[test]'"
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format_is_clean():
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "No module named ruff" not in r.stderr, "ruff is missing: pip install -e '.[test]'"
+    assert r.returncode == 0, "run `ruff format .`:\n" + r.stdout + r.stderr
 
 
 def test_version_comes_from_the_package_metadata():
     from importlib import metadata
 
     import asp_gmm
+
     assert asp_gmm.__version__ == metadata.version("asp_gmm")
     cfg = (ROOT / "setup.cfg").read_text()
     assert f"\nversion = {asp_gmm.__version__}\n" in cfg

@@ -1,12 +1,20 @@
 """The manifest contract: a typed schema that rejects unknown keys; one name for a variant with tunables."""
+
 import pytest
 
 from asp_gmm import registry
 from asp_gmm.errors import ManifestError
 from asp_gmm.problem import Problem
 
-GOOD = {"name": "VX", "backend": "c", "phase": "covariance", "template": "", "description": "x",
-        "tunables": {"chunk_tiles": [4, 8]}, "limits": [{"require": "D <= 64", "reason": "r"}]}
+GOOD = {
+    "name": "VX",
+    "backend": "c",
+    "phase": "covariance",
+    "template": "",
+    "description": "x",
+    "tunables": {"chunk_tiles": [4, 8]},
+    "limits": [{"require": "D <= 64", "reason": "r"}],
+}
 
 
 def test_shipped_manifests_follow_the_schema():
@@ -20,14 +28,17 @@ def test_a_good_manifest_passes():
     assert registry.load_manifest("v.toml", dict(GOOD)) == GOOD
 
 
-@pytest.mark.parametrize("data, words", [
-    ({**GOOD, "tunabels": {}}, ["variants/c/vx.toml", "'tunabels'", "did you mean 'tunables'", "cvtypes"]),
-    ({**GOOD, "limits": [{"requires": "D < 2"}]}, ["[[limits]] #1", "'requires'", "reason, require"]),
-    ({**GOOD, "launch": [{"kernel": "k", "gird": "1", "block": "1"}]}, ["[[launch]] #1", "'gird'", "grid"]),
-    ({**GOOD, "zero_acc": "yes"}, ["'zero_acc'", "bool"]),
-    ({**GOOD, "cvtypes": "full"}, ["'cvtypes'", "list"]),
-    ({k: v for k, v in GOOD.items() if k != "name"}, ["no 'name'"]),
-])
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        ({**GOOD, "tunabels": {}}, ["variants/c/vx.toml", "'tunabels'", "did you mean 'tunables'", "cvtypes"]),
+        ({**GOOD, "limits": [{"requires": "D < 2"}]}, ["[[limits]] #1", "'requires'", "reason, require"]),
+        ({**GOOD, "launch": [{"kernel": "k", "gird": "1", "block": "1"}]}, ["[[launch]] #1", "'gird'", "grid"]),
+        ({**GOOD, "zero_acc": "yes"}, ["'zero_acc'", "bool"]),
+        ({**GOOD, "cvtypes": "full"}, ["'cvtypes'", "list"]),
+        ({k: v for k, v in GOOD.items() if k != "name"}, ["no 'name'"]),
+    ],
+)
 def test_a_typo_or_a_wrong_type_names_file_key_and_known_keys(data, words):
     with pytest.raises(ManifestError) as info:
         registry.load_manifest("variants/c/vx.toml", data)
@@ -45,6 +56,7 @@ def test_config_is_the_variant_with_its_tunables():
     key = c.history_key()
     assert (key.backend, key.name, key.tunables_dict, key.source_sha256) == ("c", "V3", c.params, v.source_sha256)
     from asp_gmm.backends.base import Kernel
+
     k = Kernel(v, {"chunk_tiles": 8})
     assert k.config == c and k.label == c.label
     assert v.allows(Problem(100, 3, 2))

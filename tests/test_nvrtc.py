@@ -7,6 +7,7 @@
 * Independent modules compile in parallel threads, each into its own cubin.
 * Every compile is logged at INFO on the "asp_gmm" logger with its duration.
 """
+
 import logging
 import re
 import os
@@ -32,13 +33,13 @@ def elf_summary(data: bytes) -> dict:
     (``cuModuleGetGlobal`` finds them whatever their binding), and the sizes of the per-kernel parameter banks (``.nv.constant0.<kernel>``) and static
     shared memory (``.nv.shared.<kernel>``) sections. ELF64 little-endian, as every cubin."""
     assert data[:4] == b"\x7fELF" and data[4] == 2, "not an ELF64 image"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
 
     def name_at(strtab, off):
         start = secs[strtab][4] + off
-        return data[start:data.index(b"\0", start)].decode()
+        return data[start : data.index(b"\0", start)].decode()
 
     out = {"symbols": set(), "sections": {}}
     for sh_name, sh_type, _, _, off, size, link, _, _, entsize in secs:
@@ -50,10 +51,13 @@ def elf_summary(data: bytes) -> dict:
                 st_name, st_info, _, st_shndx = struct.unpack_from("<IBBH", data, off + i * entsize)
                 bind, typ = st_info >> 4, st_info & 0xF
                 sym = name_at(link, st_name)
-                if typ == 2 and bind == 1:      # a GLOBAL FUNC: a kernel
+                if typ == 2 and bind == 1:  # a GLOBAL FUNC: a kernel
                     out["symbols"].add((sym, "func"))
-                elif typ == 1 and 0 < st_shndx < shnum and name_at(shstrndx, secs[st_shndx][0]).startswith(
-                        (".nv.global", ".nv.constant")):    # a __device__ or __constant__ variable
+                elif (
+                    typ == 1
+                    and 0 < st_shndx < shnum
+                    and name_at(shstrndx, secs[st_shndx][0]).startswith((".nv.global", ".nv.constant"))
+                ):  # a __device__ or __constant__ variable
                     out["symbols"].add((sym, "object"))
     return out
 
@@ -135,7 +139,7 @@ def test_compiles_through_the_cache_are_logged_at_info(tmp_path, monkeypatch, ca
     assert any("compiled logged-kernel in" in m and "NVRTC" in m for m in msgs), msgs
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="asp_gmm"):
-        assert nvrtc.build_cubin(src, "sm_90", "logged-kernel") == path       # a hit: nothing compiled
+        assert nvrtc.build_cubin(src, "sm_90", "logged-kernel") == path  # a hit: nothing compiled
         assert nvrtc.lookup_cubin(src, "sm_90", "logged-kernel") == path
     assert not [r for r in caplog.records if "compiled" in r.getMessage()]
     meta = path.with_suffix(".json").read_text()
@@ -146,14 +150,23 @@ def test_a_long_compile_prints_one_notice_on_stderr(tmp_path, monkeypatch, capfd
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cache, "NOTICE_AFTER", 0.05)
     from asp_gmm import runtime
-    monkeypatch.setattr(runtime, "_default_runtime", runtime.Runtime())     # nothing noticed yet
+
+    monkeypatch.setattr(runtime, "_default_runtime", runtime.Runtime())  # nothing noticed yet
     import time
 
     def slow(text, path):
         time.sleep(0.3)
         return nvrtc.compile_cubin(text, "sm_90", "slow", path)
+
     for i in range(2):
-        cache.build(f'extern "C" __global__ void s{i}() {{}}\n', ".cubin", lambda s, o: ["nvrtc", s],
-                    ["test"], f"slow{i}", source_suffix=".cu", produce=slow)
+        cache.build(
+            f'extern "C" __global__ void s{i}() {{}}\n',
+            ".cubin",
+            lambda s, o: ["nvrtc", s],
+            ["test"],
+            f"slow{i}",
+            source_suffix=".cu",
+            produce=slow,
+        )
     err = capfd.readouterr().err
     assert err.count("asp_gmm: compiling specialized code") == 1 and str(tmp_path / "cache") in err

@@ -1,6 +1,7 @@
 """The package as users get it: a wheel built from the sources, installed outside the repository,
 carries every variant file and trains with every backend present (the editable install the other
 tests use reads the repository and would hide a file missing from the package data)."""
+
 import os
 import shutil
 import subprocess
@@ -45,8 +46,24 @@ def wheel(tmp_path_factory):
         else:
             shutil.copy2(p, src / name)
     out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                        "-q", "-w", str(out), str(src)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     (whl,) = out.glob("asp_gmm-*.whl")
     return whl
@@ -54,23 +71,30 @@ def wheel(tmp_path_factory):
 
 def test_wheel_carries_every_variant_file(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    want = {"asp_gmm/variants/" + p.relative_to(ROOT / "variants").as_posix()
-            for p in (ROOT / "variants").rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    want = {
+        "asp_gmm/variants/" + p.relative_to(ROOT / "variants").as_posix()
+        for p in (ROOT / "variants").rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     assert want and not want - names, f"missing from the wheel: {sorted(want - names)}"
 
 
 def test_installed_wheel_trains_with_every_backend(wheel, tmp_path):
     target = tmp_path / "site"
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target",
-                        str(target), str(wheel)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     run_in = tmp_path / "elsewhere"
     run_in.mkdir()
     env = dict(os.environ, PYTHONPATH=str(target), ASP_GMM_AUTOTUNE="0")
-    r = subprocess.run([sys.executable, "-c", CHILD], cwd=run_in, env=env, capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, "-c", CHILD], cwd=run_in, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     import json
+
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert Path(got["file"]).resolve().is_relative_to(target.resolve()), got["file"]
     assert not Path(got["file"]).resolve().is_relative_to(ROOT)
@@ -81,6 +105,7 @@ def test_installed_wheel_trains_with_every_backend(wheel, tmp_path):
 
 def _available_here():
     from asp_gmm.backends import available
+
     return available()
 
 

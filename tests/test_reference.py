@@ -1,6 +1,7 @@
 """asp_gmm.reference for the four covariance types: against scikit-learn's public estimator (E-step and
 M-step), between its own entry points (factors and conversions, hard-label M-step), its errors, and its
 robustness to an offset of the data."""
+
 import warnings
 
 import numpy as np
@@ -18,9 +19,12 @@ def _params(rng, X, M, cvtype):
     means = X[rng.choice(N, M, replace=False)].astype(np.float64)
     cov = np.cov(X, rowvar=False, bias=True) + 1e-3 * np.eye(D)
     w = rng.uniform(0.5, 1.5, M)
-    covars = {"full": cov[None] * rng.uniform(0.5, 2.0, (M, 1, 1)), "tied": cov,
-              "diag": np.diag(cov) * rng.uniform(0.5, 2.0, (M, D)),
-              "spherical": np.diag(cov).mean() * rng.uniform(0.5, 2.0, M)}[cvtype]
+    covars = {
+        "full": cov[None] * rng.uniform(0.5, 2.0, (M, 1, 1)),
+        "tied": cov,
+        "diag": np.diag(cov) * rng.uniform(0.5, 2.0, (M, D)),
+        "spherical": np.diag(cov).mean() * rng.uniform(0.5, 2.0, M),
+    }[cvtype]
     return w / w.sum(), means, covars
 
 
@@ -54,7 +58,7 @@ def test_factor_conversions_round_trip(cvtype, rng):
     pc, log_det = ref.precision_cholesky(cv, cvtype, n_features=4)
     assert pc.shape == np.shape(cv)
     if cvtype in ("full", "tied"):
-        assert np.all(np.tril(pc, -1) == 0.0)   # upper triangular, as scikit-learn's factors
+        assert np.all(np.tril(pc, -1) == 0.0)  # upper triangular, as scikit-learn's factors
     np.testing.assert_allclose(ref.covariances_from_precision_cholesky(pc, cvtype), cv, rtol=1e-10)
     P = ref.precisions_from_cholesky(pc, cvtype)
     if cvtype in ("full", "tied"):
@@ -63,8 +67,12 @@ def test_factor_conversions_round_trip(cvtype, rng):
         np.testing.assert_allclose(P * cv, 1.0, rtol=1e-12)
     back = ref.precision_cholesky_from_precisions(P, cvtype)
     np.testing.assert_allclose(ref.precisions_from_cholesky(back, cvtype), P, rtol=1e-10)
-    want = {"full": lambda: -0.5 * np.linalg.slogdet(cv)[1], "tied": lambda: -0.5 * np.linalg.slogdet(cv)[1],
-            "diag": lambda: -0.5 * np.log(cv).sum(1), "spherical": lambda: -2.0 * np.log(cv)}[cvtype]()
+    want = {
+        "full": lambda: -0.5 * np.linalg.slogdet(cv)[1],
+        "tied": lambda: -0.5 * np.linalg.slogdet(cv)[1],
+        "diag": lambda: -0.5 * np.log(cv).sum(1),
+        "spherical": lambda: -2.0 * np.log(cv),
+    }[cvtype]()
     np.testing.assert_allclose(log_det, want, rtol=1e-12)
     np.testing.assert_allclose(ref.log_det_cholesky(pc, cvtype, 4), want, rtol=1e-12)
 
@@ -72,8 +80,13 @@ def test_factor_conversions_round_trip(cvtype, rng):
 def test_not_positive_definite_names_the_component():
     full = np.repeat(np.eye(3)[None], 4, 0)
     full[2] = -np.eye(3)
-    cases = [(full, "full", 2), (-np.eye(3), "tied", 0), (np.array([[1.0, 2.0], [1.0, 0.0]]), "diag", 1),
-             (np.array([1.0, 1.0, -1.0]), "spherical", 2), (np.array([1.0, np.nan]), "spherical", 1)]
+    cases = [
+        (full, "full", 2),
+        (-np.eye(3), "tied", 0),
+        (np.array([[1.0, 2.0], [1.0, 0.0]]), "diag", 1),
+        (np.array([1.0, 1.0, -1.0]), "spherical", 2),
+        (np.array([1.0, np.nan]), "spherical", 1),
+    ]
     for covars, cvtype, k in cases:
         with pytest.raises(ref.NotPositiveDefiniteError, match="reg_covar") as info:
             ref.precision_cholesky(covars, cvtype, 1e-6, n_features=3)
@@ -100,7 +113,7 @@ def test_cond_limit_none_reports_only_failed_factorisations(cvtype):
 @pytest.mark.parametrize("cvtype", CVTYPES)
 def test_mstep_from_labels_equals_the_one_hot_mstep(cvtype, rng):
     X = rng.standard_normal((400, 3)) * rng.uniform(0.5, 2.0, 3) + 50.0
-    labels = rng.integers(-1, 4, 400)   # -1: an event no component owns; component 4 of 5 stays empty
+    labels = rng.integers(-1, 4, 400)  # -1: an event no component owns; component 4 of 5 stays empty
     nk, means, cov = ref.mstep_from_labels(X, labels, 5, cvtype, 1e-6)
     resp = np.zeros((400, 5))
     own = np.nonzero(labels >= 0)[0]

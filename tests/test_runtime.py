@@ -1,5 +1,6 @@
 """Process state lives in asp_gmm.runtime.Runtime, made on first use: importing the package has no
 side effect (no exit or fork hook, no file, no runtime)."""
+
 import os
 import subprocess
 import sys
@@ -46,11 +47,17 @@ def _run(tmp_path, mode):
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ASP_GMM_", "XDG_"))}
-    env.update(HOME=str(home), XDG_CACHE_HOME=str(home / "cache"), XDG_DATA_HOME=str(home / "data"),
-               XDG_CONFIG_HOME=str(home / "config"), PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
-               ASP_GMM_DB=f"sqlite:///{home / 'db' / 'h.sqlite'}")
-    r = subprocess.run([sys.executable, "-c", CHILD, mode], cwd=home, env=env, capture_output=True, text=True,
-                       timeout=300)
+    env.update(
+        HOME=str(home),
+        XDG_CACHE_HOME=str(home / "cache"),
+        XDG_DATA_HOME=str(home / "data"),
+        XDG_CONFIG_HOME=str(home / "config"),
+        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        ASP_GMM_DB=f"sqlite:///{home / 'db' / 'h.sqlite'}",
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, mode], cwd=home, env=env, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
     return sorted(p.relative_to(home).as_posix() for p in home.rglob("*"))
 
@@ -67,6 +74,7 @@ def test_a_runtime_holds_its_own_backends_selector_and_histories(tmp_path, monke
     from asp_gmm.backends import get_backend
     from asp_gmm.runtime import Runtime, default_runtime
     from asp_gmm.selection import HistorySelector
+
     rt = Runtime()
     be = get_backend("numpy", rt)
     assert rt.backends == {"numpy": be} and get_backend("numpy", rt) is be

@@ -14,6 +14,7 @@ float32:
 Then the specializer end to end with a fake backend (the NumPy reference under fake variants, with
 deterministic per-variant costs) and with the real C backend.
 """
+
 import json
 import math
 from pathlib import Path
@@ -38,13 +39,27 @@ FINGERPRINT = {"backend": "fake", "model": "replay-cpu", "threads": 2, "compiler
 
 
 def fake_variant(name, tunables=None, limits=(), sha=None):
-    return Variant(name=name, backend="fake", phase="covariance", template="", cvtypes=("full", "diag"),
-                   dtypes=("float32", "float64"), description="fake", tunables=dict(tunables or {}),
-                   limits=tuple(Limit(r, why) for r, why in limits), source_sha256=sha or f"sha-{name}")
+    return Variant(
+        name=name,
+        backend="fake",
+        phase="covariance",
+        template="",
+        cvtypes=("full", "diag"),
+        dtypes=("float32", "float64"),
+        description="fake",
+        tunables=dict(tunables or {}),
+        limits=tuple(Limit(r, why) for r, why in limits),
+        source_sha256=sha or f"sha-{name}",
+    )
 
 
-VARIANTS = [fake_variant("V1"), fake_variant("V2"), fake_variant("V3", {"chunk": [4, 8]}), fake_variant("V4"),
-            fake_variant("V5", limits=[("M <= 8", "one component per lane")])]
+VARIANTS = [
+    fake_variant("V1"),
+    fake_variant("V2"),
+    fake_variant("V3", {"chunk": [4, 8]}),
+    fake_variant("V4"),
+    fake_variant("V5", limits=[("M <= 8", "one component per lane")]),
+]
 
 
 class FakeBackend(NumpyBackend):
@@ -154,11 +169,14 @@ def test_nothing_measured_explores_in_rule_order(replay, monkeypatch):
     assert (plan.primary.variant.name, plan.reason, plan.explore) == ("V4", "rule", [])
 
 
-@pytest.mark.parametrize("N,D,M,expected", [
-    (120000, 30, 60, "V4"),   # nearest: P2, where V4 wins by far
-    (9000, 8, 5, "V3"),       # nearest: P1, where V3 is the fastest default configuration
-    (6000, 14, 30, "V3"),     # nearest: P4 (V4 failed there, but only for D=16, M=32)
-])
+@pytest.mark.parametrize(
+    "N,D,M,expected",
+    [
+        (120000, 30, 60, "V4"),  # nearest: P2, where V4 wins by far
+        (9000, 8, 5, "V3"),  # nearest: P1, where V3 is the fastest default configuration
+        (6000, 14, 30, "V3"),  # nearest: P4 (V4 failed there, but only for D=16, M=32)
+    ],
+)
 def test_nearest_neighbour_prediction_with_autotuning_off(replay, monkeypatch, caplog, N, D, M, expected):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
     sel, be = replay
@@ -205,7 +223,7 @@ def test_failed_variants_are_not_retried(replay, monkeypatch):
     plan = sel.plan(be, p, configs(p))
     assert "V2" not in [plan.primary.variant.name] + [c.variant.name for c in plan.explore]
     p = Problem(3000, 5, 3, cvtype="full")
-    plan = sel.plan(be, p, configs(p))   # (where the prediction puts it far slower, it is pruned)
+    plan = sel.plan(be, p, configs(p))  # (where the prediction puts it far slower, it is pruned)
     assert "V2" in [plan.primary.variant.name] + [c.variant.name for c in plan.explore + plan.pruned]
 
 
@@ -219,17 +237,23 @@ def test_timings_of_an_older_source_are_not_used(replay, monkeypatch):
     assert plan.primary.variant.name == "V4"  # fastest of the current sources
     assert [c.variant.name for c in plan.explore] == ["V3"]
     # the same fixture read by a V3 whose source is the old one: a plain exact hit
-    old = [fake_variant("V1"), fake_variant("V2"), fake_variant("V3", {"chunk": [4, 8]}, sha="sha-V3-old"),
-           fake_variant("V4"), VARIANTS[4]]
+    old = [
+        fake_variant("V1"),
+        fake_variant("V2"),
+        fake_variant("V3", {"chunk": [4, 8]}, sha="sha-V3-old"),
+        fake_variant("V4"),
+        VARIANTS[4],
+    ]
     plan = sel.plan(be, p, [Config.of(v) for v in old])
     assert (plan.primary.variant.name, plan.reason) == ("V3", "explore")
-    assert [c.label for c in plan.explore] == ["V3(chunk=8)"]   # the tunable search goes on
+    assert [c.label for c in plan.explore] == ["V3(chunk=8)"]  # the tunable search goes on
 
 
 def test_changing_a_template_changes_the_key(tmp_path, monkeypatch):
     """Edit a real template (in a copy of variants/): its sha256 changes, and timings recorded under
     the old source are not used for the new one."""
     import shutil
+
     root = tmp_path / "variants"
     shutil.copytree(Path(registry.__file__).parent.parent / "variants", root)
     monkeypatch.setattr(registry, "_variants_root", lambda: root)
@@ -286,7 +310,7 @@ def test_train_explores_then_exploits_and_the_result_is_unchanged(tmp_path, monk
     assert first.explored == ["V3(chunk=4)", "V2", "V1", "V5"]  # rule order after the primary V4
     assert first.iters == 10 and first.variant == "V4"
     assert [n for n, k in be.ran] == ["V3", "V2", "V1", "V5", "V4"] and be.ran[-1][1] == 6
-    second = _train(sp, X, 3)   # every variant measured: the coordinate search tries V3's other chunk
+    second = _train(sp, X, 3)  # every variant measured: the coordinate search tries V3's other chunk
     assert (second.reason, second.explored) == ("explore", ["V3(chunk=8)"])
     third = _train(sp, X, 3)
     assert (third.reason, third.variant, third.explored) == ("history", "V3(chunk=4)", [])
@@ -330,7 +354,7 @@ def test_train_records_failures_once_and_falls_back(tmp_path, monkeypatch, rng):
     compiled, ran = list(be.compiled), list(be.ran)
     second = _train(sp, X, 12)
     assert (second.reason, second.variant) == ("history", "V4")
-    assert be.compiled[len(compiled):] == ["V4"] and [n for n, _ in be.ran[len(ran):]] == ["V4"]
+    assert be.compiled[len(compiled) :] == ["V4"] and [n for n, _ in be.ran[len(ran) :]] == ["V4"]
     # a second process (a new selector over the same file) does not retry them either
     h.flush()
     sp2 = Specializer(be, HistorySelector(History(h.url)))
@@ -369,7 +393,7 @@ def test_c_backend_explores_inside_train_and_matches_a_pinned_run(tmp_path, monk
         explored += later.last_train.explored
         names = {label.split("(")[0] for label in explored}
         if later.last_train.reason == "history" or len(names) >= len(full) - 1:
-            break   # every variant measured (the tunable search of the fastest may follow)
+            break  # every variant measured (the tunable search of the fastest may follow)
     names = {label.split("(")[0] for label in explored}
     assert sorted(explored) == sorted(set(explored)) and len(full) - 1 <= len(names) <= len(full)
     pinned = GMM(4, 5, backend="c", dtype=np.float64, seed=1, variant=res.variant.split("(")[0])
@@ -379,7 +403,7 @@ def test_c_backend_explores_inside_train_and_matches_a_pinned_run(tmp_path, monk
     # then the tunables of the fastest variants are searched, a few per call, until the search converges
     reasons = []
     for _ in range(12):
-        assert get_backend("c").wait_background(timeout=120)   # the proposals compile between calls
+        assert get_backend("c").wait_background(timeout=120)  # the proposals compile between calls
         g2 = GMM(4, 5, backend="c", dtype=np.float64, seed=1)
         g2.train(X, min_em_iters=8, max_em_iters=8, tol=0.0)
         reasons.append(g2.last_train.reason)
@@ -394,8 +418,9 @@ def test_a_call_never_waits_for_the_planned_variant_to_compile(tmp_path, monkeyp
     import threading
 
     from asp_gmm.backends.c import CBackend
+
     monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{tmp_path / 'h.sqlite'}")
-    monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))     # nothing compiled yet
+    monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))  # nothing compiled yet
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     be = CBackend()
     gate = threading.Event()
@@ -405,11 +430,13 @@ def test_a_call_never_waits_for_the_planned_variant_to_compile(tmp_path, monkeyp
         if variant.name == "V4":
             assert gate.wait(60), "the call waited for the planned variant's compile"
         return real_kernel(variant, tunables, problem)
+
     monkeypatch.setattr(be, "kernel", slow_kernel)
     spec = Specializer(be, HistorySelector())
     X = make_blobs(rng, 3000, 5, 3)
     p = Problem(3000, 5, 3, "full", "float64")
     from conftest import init_params
+
     w, mu, cv = init_params(rng, X, 3, "full")
     res = spec.train(X, w, mu, cv, p, 1e-6, 6, 6, 0.0)
     # BLAS explored (the only compiled candidate when the plan was made), then a compiled candidate
@@ -420,7 +447,7 @@ def test_a_call_never_waits_for_the_planned_variant_to_compile(tmp_path, monkeyp
     assert rows[0].variant.name == "BLAS" and {r.variant.name for r in rows[1:]} == {res.variant.split("(")[0]}
     gate.set()
     assert be.wait_background(timeout=120)
-    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")       # the rule's plan (V4, compiled by now) on a new history
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")  # the rule's plan (V4, compiled by now) on a new history
     monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{tmp_path / 'h2.sqlite'}")
     again = Specializer(be, HistorySelector()).train(X, w, mu, cv, p, 1e-6, 6, 6, 0.0)
     assert again.variant.startswith("V4") and again.explored == []
@@ -432,6 +459,7 @@ def test_estep_choice_follows_the_preference_until_the_history_has_timings(tmp_p
     """The E-step choice lives in the policy: the preference order when nothing is measured for the
     problem's class, the fastest measured E-step once the history has timings for it."""
     from asp_gmm.selection import Policy
+
     be = FakeBackend()
     fast, slow = fake_variant("estep_fast"), fake_variant("estep")
     cands = [(slow, [{}]), (fast, [{}])]
@@ -444,7 +472,7 @@ def test_estep_choice_follows_the_preference_until_the_history_has_timings(tmp_p
     policy.record(be, p, Config.of(fast), "ok", 5e-3)
     h.flush()
     assert policy.choose_estep(be, p, cands)[0] is slow
-    far = Problem(10_000, 40, 3, "full", "float32")           # another class: nothing measured
+    far = Problem(10_000, 40, 3, "full", "float32")  # another class: nothing measured
     assert policy.choose_estep(be, far, cands)[0] is fast
     with pytest.raises(KernelError, match="E-step"):
         policy.choose_estep(be, p, [(fast, [])])

@@ -6,6 +6,7 @@
 * the cost model for unseen shapes, chosen over nearest neighbour by leave-one-out;
 * a property: a pinned variant or ``ASP_GMM_AUTOTUNE=0`` never explores.
 """
+
 import math
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def test_large_n_explores_on_a_sample_records_it_as_sampled_and_keeps_the_result
     # the primary and then the others ran one iteration each on the sample, within the budget
     sample_runs = [n for n, k in be.ran[:-1]]
     assert first.explored and first.explored[0] == "V4" and len(first.explored) == len(sample_runs)
-    assert be.ran[-1] == (first.variant.split("(")[0], 4)        # every EM iteration of the call
+    assert be.ran[-1] == (first.variant.split("(")[0], 4)  # every EM iteration of the call
     h.flush()
     sampled = [r for r in h.rows() if r.sampled_from is not None]
     assert sampled and all(r.sampled_from == N and r.N == selection.SAMPLE_MIN for r in sampled)
@@ -68,7 +69,7 @@ def test_large_n_explores_on_a_sample_records_it_as_sampled_and_keeps_the_result
 def test_exploration_stops_at_the_budget_and_resumes_next_call(tmp_path, monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
-    costs = {"V4": 1e-6, "V3": 1e-5, "V2": 1e-5, "V1": 1e-5, "V5": 1e-5}   # others 10x slower
+    costs = {"V4": 1e-6, "V3": 1e-5, "V2": 1e-5, "V1": 1e-5, "V5": 1e-5}  # others 10x slower
     be = FakeBackend(costs=costs)
     sp = Specializer(be, HistorySelector(h))
     X = make_blobs(rng, 140000, 3, 2)
@@ -90,7 +91,7 @@ def test_small_n_explores_in_place(tmp_path, monkeypatch, rng):
 def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     sel, be, _ = rules
-    p = Problem(100000, 8, 16)          # held out of the fixture
+    p = Problem(100000, 8, 16)  # held out of the fixture
     plan = sel.plan(be, p, cands(p))
     assert plan.reason == "explore"
     assert [c.variant.name for c in plan.pruned] == ["V1"]
@@ -126,7 +127,7 @@ def test_unknown_strategy_names_the_known_ones():
 def test_tunable_search_inside_the_plan_once_variants_are_measured(rules, monkeypatch):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     sel, be, _ = rules
-    p = Problem(10000, 8, 4)            # V3 (chunk=4) fastest, every variant measured
+    p = Problem(10000, 8, 4)  # V3 (chunk=4) fastest, every variant measured
     plan = sel.plan(be, p, cands(p))
     assert plan.reason == "explore" and [c.label for c in plan.explore] == ["V3(chunk=8)"]
     assert plan.primary.label == "V3(chunk=4)" and "coordinate search" in plan.why
@@ -161,8 +162,9 @@ def test_loo_accuracy_counts_within_tolerance():
 def test_pinned_or_autotune_off_never_explores(rules, monkeypatch, seed):
     sel, be, _ = rules
     r = np.random.default_rng(seed)
-    p = Problem(int(10 ** r.uniform(3, 7)), int(r.integers(1, 40)), int(r.integers(1, 130)),
-                str(r.choice(["full", "diag"])))
+    p = Problem(
+        int(10 ** r.uniform(3, 7)), int(r.integers(1, 40)), int(r.integers(1, 130)), str(r.choice(["full", "diag"]))
+    )
     pol = Policy(sel)
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     c = cands(p)
@@ -186,16 +188,16 @@ def test_autotune_off_train_runs_one_configuration_at_large_n(tmp_path, monkeypa
 # ------------------------------------------------------------------ bounded history
 def test_the_history_keeps_a_bounded_number_of_timings_per_class(tmp_path):
     from asp_gmm.tuning_db import VariantKey
+
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}", keep_per_class=4, flush_interval=0)
     k = VariantKey.of("c", "V1", {}, "f" * 64)
-    for i in range(30):   # thousands of slightly different N in one class: the diarization pattern
+    for i in range(30):  # thousands of slightly different N in one class: the diarization pattern
         h.record("dev", {"backend": "c", "model": "x"}, k, 10000 + i, 4, 2, "full", "float32", "ok", 1e-3)
-    h.record("dev", {"backend": "c", "model": "x"}, k, 10000, 4, 2, "full", "float32", "ok", 1e-3,
-             sampled_from=10 ** 6)
+    h.record("dev", {"backend": "c", "model": "x"}, k, 10000, 4, 2, "full", "float32", "ok", 1e-3, sampled_from=10**6)
     h.flush()
     rows = h.rows()
     assert len([r for r in rows if r.sampled_from is None]) == 4
-    assert max(r.N for r in rows if r.sampled_from is None) == 10029          # the newest kept
+    assert max(r.N for r in rows if r.sampled_from is None) == 10029  # the newest kept
     assert len([r for r in rows if r.sampled_from]) == 1
     h.close()
     assert math.isfinite(1.0)

@@ -1,5 +1,6 @@
 """asp_gmm.GaussianMixture against scikit-learn's GaussianMixture: estimator checks, same-init
 agreement on scikit-learn's data sets and random data, fit_predict consistency, validation."""
+
 import json
 import os
 import pickle
@@ -42,6 +43,7 @@ def _one_blas_thread():
 
 # ------------------------------------------------------------------------------------ estimator checks
 
+
 def _check_name(check):
     return getattr(check, "func", check).__name__
 
@@ -76,10 +78,12 @@ def _array_api_check_in_subprocess(estimator, check):
             "        out[cv] = 'ok'\n"
             "    except Exception:\n"
             "        out[cv] = traceback.format_exc()\n"
-            "print(json.dumps(out))\n")
+            "print(json.dumps(out))\n"
+        )
         env = dict(os.environ, SCIPY_ARRAY_API="1")
-        r = subprocess.run([sys.executable, "-c", code, json.dumps(CVTYPES), key],
-                           capture_output=True, text=True, env=env, timeout=300)
+        r = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(CVTYPES), key], capture_output=True, text=True, env=env, timeout=300
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         _ARRAY_API_RESULTS[key] = json.loads(r.stdout.strip().splitlines()[-1])
     result = _ARRAY_API_RESULTS[key][estimator.covariance_type]
@@ -87,6 +91,7 @@ def _array_api_check_in_subprocess(estimator, check):
 
 
 # ------------------------------------------------------------------------------------ same init
+
 
 def _rel(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -236,6 +241,7 @@ def test_large_n_kmeans_runs_on_a_subsample(rng, monkeypatch):
     """Above KMEANS_SUBSAMPLE events, k-means runs on a subsample; the initial parameters are the
     hard-label statistics of all events (scikit-learn's formulas with 0/1 responsibilities)."""
     from sklearn.cluster import KMeans
+
     monkeypatch.setattr(sklearn_api, "KMEANS_SUBSAMPLE", 400)
     X = make_blobs(rng, 3000, 4, 3)
     calls = []
@@ -264,6 +270,7 @@ def test_large_n_kmeans_runs_on_a_subsample(rng, monkeypatch):
 
 # ------------------------------------------------------------------------------------ validation
 
+
 def _messages(cls_a, cls_b, X, **kw):
     out = []
     for cls in (cls_a, cls_b):
@@ -273,15 +280,25 @@ def _messages(cls_a, cls_b, X, **kw):
     return out
 
 
-@pytest.mark.parametrize("kw", [
-    dict(n_components=0), dict(n_components=10), dict(covariance_type="bogus"), dict(tol=-1.0),
-    dict(max_iter=-1), dict(n_init=0), dict(init_params="nope"),
-    dict(n_components=2, weights_init=[0.2, 0.2]), dict(n_components=2, weights_init=[0.5, 0.5, 0.0]),
-    dict(n_components=2, means_init=np.zeros((3, 2))),
-    dict(n_components=2, precisions_init=np.ones((2, 2))),
-    dict(n_components=2, covariance_type="diag", precisions_init=-np.ones((2, 2))),
-    dict(n_components=2, covariance_type="tied", precisions_init=np.array([[1.0, 2.0], [0.0, 1.0]])),
-], ids=lambda kw: ",".join(f"{k}" for k in kw))
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(n_components=0),
+        dict(n_components=10),
+        dict(covariance_type="bogus"),
+        dict(tol=-1.0),
+        dict(max_iter=-1),
+        dict(n_init=0),
+        dict(init_params="nope"),
+        dict(n_components=2, weights_init=[0.2, 0.2]),
+        dict(n_components=2, weights_init=[0.5, 0.5, 0.0]),
+        dict(n_components=2, means_init=np.zeros((3, 2))),
+        dict(n_components=2, precisions_init=np.ones((2, 2))),
+        dict(n_components=2, covariance_type="diag", precisions_init=-np.ones((2, 2))),
+        dict(n_components=2, covariance_type="tied", precisions_init=np.array([[1.0, 2.0], [0.0, 1.0]])),
+    ],
+    ids=lambda kw: ",".join(f"{k}" for k in kw),
+)
 def test_validation_messages_match_sklearn(kw, rng):
     X = rng.standard_normal((5, 2))
     ours, ref = _messages(GaussianMixture, SkGM, X, **kw)
@@ -291,6 +308,7 @@ def test_validation_messages_match_sklearn(kw, rng):
 def _sorted_sets(msg):
     """scikit-learn prints option sets ({'a', 'b'}) in set order, which varies between processes."""
     import re
+
     return re.sub(r"\{([^{}]*)\}", lambda m: "{" + ", ".join(sorted(m.group(1).split(", "))) + "}", msg)
 
 
@@ -318,9 +336,11 @@ def test_exposed_at_package_level():
 
 
 def test_import_error_without_sklearn():
-    code = ("import sys\nsys.modules['sklearn'] = None\nimport asp_gmm\n"
-            "from asp_gmm import *\n"
-            "try:\n    asp_gmm.GaussianMixture\nexcept ImportError as e:\n    print(e)\n")
+    code = (
+        "import sys\nsys.modules['sklearn'] = None\nimport asp_gmm\n"
+        "from asp_gmm import *\n"
+        "try:\n    asp_gmm.GaussianMixture\nexcept ImportError as e:\n    print(e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "pip install scikit-learn" in r.stdout
@@ -346,9 +366,10 @@ def test_auto_without_a_c_compiler_warns_once(monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_CC", "no-such-compiler-asp")
     from asp_gmm.runtime import default_runtime
     from asp_gmm import backends
+
     monkeypatch.setattr(default_runtime(), "warned_slow", False)
     monkeypatch.delitem(default_runtime().backends, "c", raising=False)
-    real_reason = backends.unavailable_reason   # a GPU machine: hide CUDA so "auto" falls past it
+    real_reason = backends.unavailable_reason  # a GPU machine: hide CUDA so "auto" falls past it
     monkeypatch.setattr(backends, "unavailable_reason", lambda n: "hidden" if n == "cuda" else real_reason(n))
     X = make_blobs(rng, 200, 2, 2)
     with warnings.catch_warnings(record=True) as w:
@@ -382,6 +403,7 @@ def test_verbose_output_like_sklearn(cvtype, rng, capsys):
 
     def shape(lines):  # the lines' kinds and counts (times differ)
         return [ln.split("\t")[0].split(".")[0] for ln in lines]
+
     assert shape(ours) == shape(ref)
 
 
@@ -391,6 +413,7 @@ def test_one_specializer_per_backend_kept_out_of_params_and_pickles(monkeypatch,
     import copy
 
     from asp_gmm import specializer
+
     built = []
     real_init = specializer.Specializer.__init__
 
@@ -412,13 +435,13 @@ def test_one_specializer_per_backend_kept_out_of_params_and_pickles(monkeypatch,
     for h in (pickle.loads(pickle.dumps(g)), copy.deepcopy(g)):
         assert "_specializers" not in h.__dict__
         np.testing.assert_array_equal(h.predict(X), g.predict(X))
-    assert set(g._specializers) == {"numpy", "c"}    # pickling did not touch the original
+    assert set(g._specializers) == {"numpy", "c"}  # pickling did not touch the original
 
 
 @pytest.mark.parametrize("cvtype", ["tied", "spherical"])
 @pytest.mark.parametrize("data", ["iris", "wine", "random"])
 def test_numpy_types_equal_sklearn_in_float64(data, cvtype, rng):
-    """"tied" and "spherical" run scikit-learn's loop on the float64 reference: from the same initial
+    """ "tied" and "spherical" run scikit-learn's loop on the float64 reference: from the same initial
     parameters they give scikit-learn's fit up to rounding."""
     X, M = _data(data, rng)
     init = _sk_init(X, M, cvtype)

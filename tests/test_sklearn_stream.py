@@ -1,4 +1,5 @@
 """The drop-in on data never loaded whole: fit on chunk sources and Dask arrays, partial_fit."""
+
 import numpy as np
 import pytest
 
@@ -23,7 +24,7 @@ def test_fit_on_a_chunk_source_equals_fit_in_memory(cvtype, rng):
     X = make_blobs(rng, 2000, D, M)
     kw = dict(covariance_type=cvtype, backend="c", max_iter=20, **inits(X, cvtype))
     g = GaussianMixture(M, **kw).fit(X)
-    h = GaussianMixture(M, **kw).fit(lambda: (X[a:a + 37] for a in range(0, len(X), 37)))
+    h = GaussianMixture(M, **kw).fit(lambda: (X[a : a + 37] for a in range(0, len(X), 37)))
     assert h.n_iter_ == g.n_iter_ and h.converged_ == g.converged_ and h.n_features_in_ == D
     assert h.lower_bound_ == pytest.approx(g.lower_bound_, rel=1e-10)
     np.testing.assert_allclose(h.lower_bounds_, g.lower_bounds_, rtol=1e-10)
@@ -32,12 +33,12 @@ def test_fit_on_a_chunk_source_equals_fit_in_memory(cvtype, rng):
     np.testing.assert_array_equal(h.predict(X), g.predict(X))
 
 
-@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")   # 15 iterations on purpose
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # 15 iterations on purpose
 def test_fit_on_a_dask_array_equals_fit_on_a_chunk_source(rng):
     da = pytest.importorskip("dask.array")
     X = make_blobs(rng, 3000, D, M)
     kw = dict(covariance_type="full", backend="c", max_iter=15, random_state=3, init_params="random_from_data")
-    h = GaussianMixture(M, **kw).fit(lambda: (X[a:a + 500] for a in range(0, len(X), 500)))
+    h = GaussianMixture(M, **kw).fit(lambda: (X[a : a + 500] for a in range(0, len(X), 500)))
     d = GaussianMixture(M, **kw).fit(da.from_array(X, chunks=(700, D)))
     assert d.n_iter_ == h.n_iter_
     assert d.lower_bound_ == pytest.approx(h.lower_bound_, rel=1e-10)
@@ -48,8 +49,8 @@ def test_streamed_kmeans_initialisation_reaches_the_in_memory_solution():
     rng = np.random.default_rng(11)
     centres = rng.normal(0, 4, (M, D))
     X = centres[rng.integers(0, M, 30000)] + rng.standard_normal((30000, D))
-    g = GaussianMixture(M, random_state=0, backend="c").fit(X)            # k-means on a 10 000-event sample
-    h = GaussianMixture(M, random_state=0, backend="c").fit(lambda: (X[a:a + 999] for a in range(0, 30000, 999)))
+    g = GaussianMixture(M, random_state=0, backend="c").fit(X)  # k-means on a 10 000-event sample
+    h = GaussianMixture(M, random_state=0, backend="c").fit(lambda: (X[a : a + 999] for a in range(0, 30000, 999)))
     assert h.lower_bound_ == pytest.approx(g.lower_bound_, rel=1e-5)
     order_g, order_h = np.argsort(g.means_[:, 0]), np.argsort(h.means_[:, 0])
     np.testing.assert_allclose(h.means_[order_h], g.means_[order_g], atol=1e-2)
@@ -68,6 +69,7 @@ def test_partial_fit_on_a_stationary_stream_approaches_the_batch_fit(cvtype):
 
     def batch(n):
         return centres[rng.integers(0, M, n)] + rng.standard_normal((n, D))
+
     X = batch(20000)
     target = GaussianMixture(M, covariance_type=cvtype, random_state=0, backend="c").fit(X).score(X)
     p = GaussianMixture(M, covariance_type=cvtype, random_state=0, backend="c")

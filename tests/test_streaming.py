@@ -1,5 +1,6 @@
 """Streamed EM (asp_gmm/streaming.py): the same answers as in memory for any chunking, every kind of
 chunk source, the device budget, progress and logging, and bad sources named precisely."""
+
 import logging
 
 import numpy as np
@@ -17,7 +18,7 @@ ITERS = 6
 
 def chunked(X, rows):
     """A re-iterable callable source of ``rows``-row chunks of X."""
-    return lambda: (X[a:a + rows] for a in range(0, len(X), rows))
+    return lambda: (X[a : a + rows] for a in range(0, len(X), rows))
 
 
 def fit(X, cvtype, dtype, backend="c", iters=ITERS, **kw):
@@ -70,7 +71,7 @@ def test_block_size_does_not_change_the_answer(rng, monkeypatch):
     X = make_blobs(rng, 3000, D, M)
     monkeypatch.setenv("ASP_GMM_BLOCK_BYTES", "1")
     a, la = fit(chunked(X, 100), "full", np.float64)
-    monkeypatch.setenv("ASP_GMM_BLOCK_BYTES", str(10 ** 9))
+    monkeypatch.setenv("ASP_GMM_BLOCK_BYTES", str(10**9))
     b, lb = fit(chunked(X, 100), "full", np.float64)
     assert_same(a, la, b, lb, np.float64)
 
@@ -96,7 +97,7 @@ def test_h5py_dataset_source(rng, tmp_path):
     g, ll = fit(X, "full", np.float64)
     with h5py.File(tmp_path / "x.h5", "r") as f:
         assert streaming.is_source(f["X"])
-        assert streaming.as_source(f["X"]).chunk_rows % 64 == 0   # whole dataset chunks
+        assert streaming.as_source(f["X"]).chunk_rows % 64 == 0  # whole dataset chunks
         h, lh = fit(f["X"], "full", np.float64)
     assert_same(g, ll, h, lh, np.float64)
 
@@ -135,12 +136,19 @@ def test_x_beyond_the_device_budget_is_streamed(rng, monkeypatch):
     assert "streamed" not in fit(X, "full", np.float64)[0].last_variant
 
 
-@pytest.mark.parametrize("name, value", [("ASP_GMM_DEVICE_BUDGET", "lots"), ("ASP_GMM_DEVICE_BUDGET", "-5"),
-                                         ("ASP_GMM_MEMORY_FRACTION", "2"), ("ASP_GMM_PROGRESS", "maybe")])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("ASP_GMM_DEVICE_BUDGET", "lots"),
+        ("ASP_GMM_DEVICE_BUDGET", "-5"),
+        ("ASP_GMM_MEMORY_FRACTION", "2"),
+        ("ASP_GMM_PROGRESS", "maybe"),
+    ],
+)
 def test_bad_settings_are_named(name, value, rng, monkeypatch):
     monkeypatch.setenv(name, value)
     X = make_blobs(rng, 50, D, M)
-    with pytest.raises(SettingError, match=name):   # the budget is consulted for in-memory data
+    with pytest.raises(SettingError, match=name):  # the budget is consulted for in-memory data
         fit(chunked(X, 10) if name == "ASP_GMM_PROGRESS" else X, "full", np.float64)
 
 
@@ -157,9 +165,12 @@ def test_progress_bar_and_info_log(rng, monkeypatch, caplog, capsys):
 # ------------------------------------------------------------------------------ bad sources
 def test_nan_in_the_37th_chunk_names_chunk_and_row(rng):
     X = make_blobs(rng, 500, D, M)
-    X[363, 2] = np.nan        # chunks of 10 rows: the 37th chunk (index 36) holds rows 360-369
-    with pytest.raises(StreamError, match=r"37th chunk .*chunk index 36, from row 360.* row 363 \(row 3 of the "
-                                          r"chunk\), column 2") as exc:
+    X[363, 2] = np.nan  # chunks of 10 rows: the 37th chunk (index 36) holds rows 360-369
+    with pytest.raises(
+        StreamError,
+        match=r"37th chunk .*chunk index 36, from row 360.* row 363 \(row 3 of the "
+        r"chunk\), column 2",
+    ) as exc:
         fit(chunked(X, 10), "full", np.float64)
     assert isinstance(exc.value, ValueError) and isinstance(exc.value, ASPGMMError)
 
@@ -170,6 +181,7 @@ def test_chunk_of_the_wrong_width(rng):
     def src():
         yield X[:50]
         yield X[50:, :3]
+
     with pytest.raises(StreamError, match=r"2nd chunk .* 3 columns but the model has D=4"):
         fit(src, "full", np.float64)
 
@@ -187,6 +199,7 @@ def test_a_source_that_changes_between_passes(rng):
     def src():
         calls.append(1)
         return iter([X[:150]] if len(calls) > 3 else [X])
+
     g = GMM(M, D, backend="c", means=X[:M], covars=np.repeat(np.eye(D)[None], M, 0), weights=np.full(M, 1 / M))
     with pytest.raises(StreamError, match="same rows on every pass"):
         g.train(src, max_em_iters=5, tol=0)
@@ -205,9 +218,10 @@ def test_integer_chunks_and_wrong_returns_are_refused(rng):
 @pytest.mark.parametrize("cvtype", ["full", "diag"])
 def test_recentred_statistics_equal_statistics_around_the_new_centre(cvtype, rng):
     from asp_gmm.backends.base import stats_from_posteriors
+
     X = make_blobs(rng, 400, D, M) + 50
     resp = rng.dirichlet(np.ones(M), 400)
-    c1, c2 = X[:M] + 0.5, X[M:2 * M] - 0.25
+    c1, c2 = X[:M] + 0.5, X[M : 2 * M] - 0.25
     s = streaming.SuffStats(M, D, cvtype, c1)
     s.add_block(stats_from_posteriors(X, np.zeros(400), resp, c1, cvtype))
     t = streaming.SuffStats(M, D, cvtype, c2)
@@ -224,6 +238,7 @@ def test_block_statistics_of_c_and_numpy_agree(rng):
     X = make_blobs(rng, 700, D, M)
     prob = Problem(256, D, M, "full", "float64")
     from asp_gmm.specializer import Specializer
+
     w = np.full(M, 1 / M)
     mu = X[:M].copy()
     cv = np.repeat(np.cov(X.T)[None], M, 0)
@@ -232,7 +247,7 @@ def test_block_statistics_of_c_and_numpy_agree(rng):
         sp = streaming.plan(Specializer(be), prob)
         r = get_backend(be).open_stats(sp.problem, sp.kernel)
         r.set_params(w, mu, cv, 1e-6)
-        out.append([r.stats(np.ascontiguousarray(X[a:a + 256])) for a in range(0, 700, 256)])
+        out.append([r.stats(np.ascontiguousarray(X[a : a + 256])) for a in range(0, 700, 256)])
         r.close()
     for a, b in zip(*out):
         assert a.n == b.n and a.loglik == pytest.approx(b.loglik, rel=1e-12)

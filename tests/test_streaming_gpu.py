@@ -1,5 +1,6 @@
 """Streamed EM on the GPU (asp_gmm/backends/cuda/stream.py): the same answers as in memory, blocks
 of every size through two streams; skipped without a GPU (the lead runs them on the H100)."""
+
 import numpy as np
 import pytest
 
@@ -19,9 +20,9 @@ def test_cuda_streamed_equals_cuda_in_memory(cvtype, dtype, block_bytes, rng, mo
     X = make_blobs(rng, N, D, M, offset=10.0).astype(dtype)
     g = GMM(M, D, cvtype=cvtype, dtype=dtype, backend="cuda", seed=1)
     ll = g.train(X, min_em_iters=5, max_em_iters=5, tol=0)
-    monkeypatch.setenv("ASP_GMM_BLOCK_BYTES", block_bytes)   # 256-event blocks (78 a pass), or one block
+    monkeypatch.setenv("ASP_GMM_BLOCK_BYTES", block_bytes)  # 256-event blocks (78 a pass), or one block
     h = GMM(M, D, cvtype=cvtype, dtype=dtype, backend="cuda", seed=1)
-    lh = h.train(lambda: (X[a:a + 997] for a in range(0, N, 997)), min_em_iters=5, max_em_iters=5, tol=0)
+    lh = h.train(lambda: (X[a : a + 997] for a in range(0, N, 997)), min_em_iters=5, max_em_iters=5, tol=0)
     assert h.last_variant.endswith("(streamed)")
     tol = 1e-9 if dtype == np.float64 else 1e-4
     assert lh == pytest.approx(ll, rel=tol)
@@ -32,7 +33,7 @@ def test_cuda_streamed_equals_cuda_in_memory(cvtype, dtype, block_bytes, rng, mo
 def test_cuda_streamed_equals_c_streamed(rng):
     N, D, M = 30000, 12, 16
     X = make_blobs(rng, N, D, M).astype(np.float64)
-    src = lambda: (X[a:a + 4096] for a in range(0, N, 4096))  # noqa: E731
+    src = lambda: (X[a : a + 4096] for a in range(0, N, 4096))  # noqa: E731
     out = []
     for be in ("cuda", "c"):
         g = GMM(M, D, dtype=np.float64, backend=be, seed=3)

@@ -1,5 +1,6 @@
 """The tuning history: storage, batching, concurrency, crashes, corrupt files, export/import, and
 PostgreSQL (a throwaway server started here when the binaries and psycopg are installed)."""
+
 import glob
 import json
 import os
@@ -17,12 +18,17 @@ import numpy as np
 import pytest
 
 from asp_gmm import GMM, selection
-from asp_gmm.tuning_db import (SCHEMA_VERSION, History, HistoryError, SchemaMismatchError, VariantKey,
-                               default_url)
+from asp_gmm.tuning_db import SCHEMA_VERSION, History, HistoryError, SchemaMismatchError, VariantKey, default_url
 from conftest import make_blobs
 
-FP = {"backend": "c", "model": "Test CPU @ 1 GHz", "isa": ["avx2", "fma"], "arch": "x86_64", "threads": 2,
-      "compiler": "gcc 12"}
+FP = {
+    "backend": "c",
+    "model": "Test CPU @ 1 GHz",
+    "isa": ["avx2", "fma"],
+    "arch": "x86_64",
+    "threads": 2,
+    "compiler": "gcc 12",
+}
 V3 = VariantKey.of("c", "V3", {"chunk_tiles": 4}, "a" * 64)
 V4 = VariantKey.of("c", "V4", {"blocks": 16, "chunk_tiles": 4}, "b" * 64)
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,13 +46,20 @@ def test_record_flush_and_read_back(tmp_path):
     assert h.flush() == 2 and h.pending == 0
     rows = History(h.url).rows()
     assert [(r.variant, r.N, r.D, r.M, r.status, r.seconds, r.repeats, r.package_version) for r in rows] == [
-        (V3, 10000, 19, 16, "ok", 0.0125, 5, "9.9"), (V4, 10000, 19, 16, "compile-failed", None, 1, "9.9")]
+        (V3, 10000, 19, 16, "ok", 0.0125, 5, "9.9"),
+        (V4, 10000, 19, 16, "compile-failed", None, 1, "9.9"),
+    ]
     assert rows[0].variant.tunables_dict == {"chunk_tiles": 4}
-    (dev, fp, n), = h.devices()
+    ((dev, fp, n),) = h.devices()
     assert (dev, fp, n) == ("dev1", FP, 2)
     with sqlite3.connect(tmp_path / "h.sqlite") as c:
         assert c.execute("select backend, model, isa, cores, compiler from devices").fetchone() == (
-            "c", "Test CPU @ 1 GHz", "avx2,fma", 2, "gcc 12")
+            "c",
+            "Test CPU @ 1 GHz",
+            "avx2,fma",
+            2,
+            "gcc 12",
+        )
         assert c.execute("select count(*) from variants").fetchone() == (2,)
         assert c.execute("select version from asp_gmm_schema").fetchone() == (SCHEMA_VERSION,)
         assert c.execute("pragma journal_mode").fetchone() == ("wal",)
@@ -89,6 +102,7 @@ def test_view_is_immediate_for_own_rows_and_refreshes_others(tmp_path):
 
 def test_default_url_and_plain_paths(tmp_path, monkeypatch):
     import platformdirs
+
     monkeypatch.delenv("ASP_GMM_DB", raising=False)
     monkeypatch.setattr(platformdirs, "user_data_dir", lambda app: str(tmp_path / "data" / app))
     assert default_url() == f"sqlite:///{tmp_path / 'data' / 'asp_gmm' / 'history.sqlite'}"
@@ -110,8 +124,15 @@ print("done", flush=True)
 
 
 def _python(code, *args, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *map(str, args)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def test_two_processes_writing_at_once_lose_nothing(tmp_path):
@@ -119,8 +140,11 @@ def test_two_processes_writing_at_once_lose_nothing(tmp_path):
     commits every row, one writes in batches of 7 and the rest at exit (atexit), one commits every
     row; every row is there afterwards, once."""
     u = url(tmp_path)
-    procs = [_python(CHILD_WRITER, u, "1", 300, 1), _python(CHILD_WRITER, u, "2", 300, 7),
-             _python(CHILD_WRITER, u, "3", 150, 1)]
+    procs = [
+        _python(CHILD_WRITER, u, "1", 300, 1),
+        _python(CHILD_WRITER, u, "2", 300, 7),
+        _python(CHILD_WRITER, u, "3", 150, 1),
+    ]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err
@@ -218,8 +242,10 @@ def test_export_import_round_trip(tmp_path):
     b = History(url(tmp_path, "b.sqlite"))
     assert b.import_(tmp_path / "e.json") == (6, 0)
     assert b.import_(tmp_path / "e.json") == (0, 6)  # idempotent
+
     def key(r):
         return (r.uid, r.variant, r.N, r.D, r.M, r.status, r.seconds, r.cov_seconds, r.repeats, r.created_at)
+
     assert sorted(map(key, a.rows())) == sorted(map(key, b.rows()))
     assert b.devices() == [("devA", FP, 6)]
 
@@ -265,6 +291,7 @@ def _set(path, value):
         for k in head:
             d = d[k]
         d[last] = value
+
     return change
 
 
@@ -334,13 +361,17 @@ def _damage(path, device_id):
         bad_variant = c.execute("select max(id) from variants").fetchone()[0]
         good_variant = c.execute("select min(id) from variants").fetchone()[0]
         cols = "uid, device_id, variant_id, N, D, M, cvtype, dtype, seconds, cov_seconds, repeats, status, created_at, package_version"
-        rows = [("d1", bad_variant, 1000, "ok", 1e-3, "2026-01-01 00:00:00.000000"),
-                ("d2", good_variant, 1000, "ok", "fast", "2026-01-01 00:00:00.000000"),
-                ("d3", good_variant, "abc", "ok", 1e-3, "2026-01-01 00:00:00.000000"),
-                ("d4", good_variant, 1000, "ok", 1e-3, "not a time")]
+        rows = [
+            ("d1", bad_variant, 1000, "ok", 1e-3, "2026-01-01 00:00:00.000000"),
+            ("d2", good_variant, 1000, "ok", "fast", "2026-01-01 00:00:00.000000"),
+            ("d3", good_variant, "abc", "ok", 1e-3, "2026-01-01 00:00:00.000000"),
+            ("d4", good_variant, 1000, "ok", 1e-3, "not a time"),
+        ]
         for uid, vid, N, st, sec, at in rows:
-            c.execute(f"insert into timings ({cols}) values (?, ?, ?, ?, 3, 2, 'full', 'float64', ?, null, 1, ?, ?, '')",
-                      (uid, device_id, vid, N, sec, st, at))
+            c.execute(
+                f"insert into timings ({cols}) values (?, ?, ?, ?, 3, 2, 'full', 'float64', ?, null, 1, ?, ?, '')",
+                (uid, device_id, vid, N, sec, st, at),
+            )
         return [r[0] for r in c.execute("select id from timings where uid like 'd_' order by id")]
 
 
@@ -349,6 +380,7 @@ def test_a_damaged_history_is_read_around_and_repaired(tmp_path, monkeypatch, rn
     explores and records (tuning is not switched off), and `history repair` deletes them."""
     from asp_gmm import cli
     from asp_gmm.backends import get_backend
+
     be = get_backend("c")
     u = url(tmp_path)
     monkeypatch.setenv("ASP_GMM_DB", u)
@@ -374,7 +406,7 @@ def test_a_damaged_history_is_read_around_and_repaired(tmp_path, monkeypatch, rn
             g.train(X, max_em_iters=3)
         assert not [x for x in w if "cannot be used" in str(x.message)]
         assert g.last_train.reason == "explore" and g.last_train.explored
-        selection.default_selector().flush()      # what train recorded
+        selection.default_selector().flush()  # what train recorded
     assert cli.main(["history", "repair"]) == 0
     assert "deleted 4" in capsys.readouterr().out
     with warnings.catch_warnings():
@@ -385,6 +417,7 @@ def test_a_damaged_history_is_read_around_and_repaired(tmp_path, monkeypatch, rn
 
 def test_a_foreign_sqlite_file_is_left_byte_for_byte(tmp_path):
     import hashlib
+
     other = tmp_path / "invoices.sqlite"
     with sqlite3.connect(other) as c:
         c.execute("create table invoices (id integer, amount real)")
@@ -400,7 +433,9 @@ def test_a_foreign_sqlite_file_is_left_byte_for_byte(tmp_path):
 def test_an_unusable_history_location_warns_once_and_train_works(tmp_path, monkeypatch, rng, where):
     f = tmp_path / "a-file"
     f.write_text("x")
-    path = f / "h.sqlite" if where == "under-a-file" else Path("/proc/asp_gmm_nowhere") / str(tmp_path.name) / "h.sqlite"
+    path = (
+        f / "h.sqlite" if where == "under-a-file" else Path("/proc/asp_gmm_nowhere") / str(tmp_path.name) / "h.sqlite"
+    )
     monkeypatch.setenv("ASP_GMM_DB", str(path))
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     X = make_blobs(rng, 500, 3, 2, dtype=np.float64)
@@ -455,6 +490,7 @@ def postgres_url():
     folder = tempfile.mkdtemp(prefix="asp_gmm_pg_")
     if os.geteuid() == 0:
         import pwd
+
         try:
             pw = pwd.getpwnam("postgres")
         except KeyError:
@@ -465,23 +501,42 @@ def postgres_url():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = subprocess.run(run_as + [str(bindir / "initdb"), "-N", "-D", data, "-U", "postgres", "-A", "trust"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        run_as + [str(bindir / "initdb"), "-N", "-D", data, "-U", "postgres", "-A", "trust"],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         shutil.rmtree(folder, ignore_errors=True)
         pytest.skip(f"initdb failed: {r.stderr.strip()[-300:]}")
     opts = f"-k {folder} -p {port} -c listen_addresses='' -c fsync=off"
-    r = subprocess.run(run_as + [str(bindir / "pg_ctl"), "-D", data, "-o", opts, "-l",
-                                 os.path.join(folder, "log"), "-w", "-t", "60", "start"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        run_as
+        + [
+            str(bindir / "pg_ctl"),
+            "-D",
+            data,
+            "-o",
+            opts,
+            "-l",
+            os.path.join(folder, "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode:
         shutil.rmtree(folder, ignore_errors=True)
         pytest.skip(f"the PostgreSQL server did not start: {r.stdout.strip()[-300:]}")
     try:
         yield f"postgresql+psycopg://postgres@/postgres?host={folder}&port={port}"
     finally:
-        subprocess.run(run_as + [str(bindir / "pg_ctl"), "-D", data, "-m", "immediate", "-W", "stop"],
-                       capture_output=True)
+        subprocess.run(
+            run_as + [str(bindir / "pg_ctl"), "-D", data, "-m", "immediate", "-W", "stop"], capture_output=True
+        )
         for _ in range(200):  # pg_ctl's own wait polls slowly; the postmaster is gone in milliseconds
             if not os.path.exists(os.path.join(data, "postmaster.pid")):
                 break
@@ -504,7 +559,10 @@ def test_postgresql_shared_history(postgres_url, tmp_path):
     other = History(postgres_url)
     rows = other.rows()
     assert len(rows) == 122 and len({r.uid for r in rows}) == 122
-    assert {(r.variant.name, r.status) for r in rows if r.device_id == "devP"} == {("V3", "ok"), ("V4", "launch-failed")}
+    assert {(r.variant.name, r.status) for r in rows if r.device_id == "devP"} == {
+        ("V3", "ok"),
+        ("V4", "launch-failed"),
+    }
     # a selector over the server sees the same history as over a file
     other.export(tmp_path / "pg.json")
     local = History(url(tmp_path))

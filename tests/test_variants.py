@@ -1,4 +1,5 @@
 """Every registered CPU variant against the float64 reference, on fresh random data and odd shapes."""
+
 import numpy as np
 import pytest
 
@@ -35,8 +36,7 @@ def _compare(g, ll, r, dtype):
     np.testing.assert_allclose(g.weights, r["weights"], rtol=tol["rtol"], atol=tol["atol"])
     # a total over few events can nearly cancel: allow rounding per event as well as relative
     N = r["logprob"].shape[0]
-    assert ll == pytest.approx(r["loglik"], rel=tol["rtol"] * (10 if dtype == "float32" else 1),
-                               abs=tol["atol"] * N)
+    assert ll == pytest.approx(r["loglik"], rel=tol["rtol"] * (10 if dtype == "float32" else 1), abs=tol["atol"] * N)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -103,13 +103,15 @@ def test_large_offset_diag(variant, dtype, rng):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shape", [(1003, 7, 3), (517, 1, 4), (5, 3, 2), (4099, 19, 16)],
-                         ids=lambda s: "N%d-D%d-M%d" % s)
+@pytest.mark.parametrize(
+    "shape", [(1003, 7, 3), (517, 1, 4), (5, 3, 2), (4099, 19, 16)], ids=lambda s: "N%d-D%d-M%d" % s
+)
 def test_vd_every_tunable_combination(shape, dtype, rng):
     """Every tunable combination of the diagonal variant VD (register blocks of 2, 4 and 6 dimensions
     against odd D, more event blocks than tiles) gives the reference's covariance sums."""
     from asp_gmm.backends import get_backend
     from asp_gmm.problem import Problem
+
     N, D, M = shape
     X = make_blobs(rng, N, D, M, dtype=dtype)
     w, mu, cv = _init(rng, X, M, "diag")
@@ -122,8 +124,9 @@ def test_vd_every_tunable_combination(shape, dtype, rng):
             s.em(be.kernel(v, tun, prob), 1, 1, 0.0, 1e-6)
             _, _, covars = s.params()
         tol = TOL[dtype]
-        np.testing.assert_allclose(covars, r["covars"], rtol=tol["rtol"], atol=tol["atol"] * _scale(r["covars"]),
-                                   err_msg=str(tun))
+        np.testing.assert_allclose(
+            covars, r["covars"], rtol=tol["rtol"], atol=tol["atol"] * _scale(r["covars"]), err_msg=str(tun)
+        )
 
 
 def test_switching_between_moment_and_posterior_variants(rng):
@@ -132,6 +135,7 @@ def test_switching_between_moment_and_posterior_variants(rng):
     eval() afterwards returns the posteriors of the final parameters."""
     from asp_gmm.backends import get_backend
     from asp_gmm.problem import Problem
+
     N, D, M = 3001, 7, 4
     X = make_blobs(rng, N, D, M, dtype=np.float64)
     w, mu, cv = _init(rng, X, M, "diag")
@@ -165,8 +169,18 @@ def test_moments_variant_keeps_accuracy_when_means_move_far(sigma, rng):
     X = np.where(lab[:, None] == 0, -5.0, 5.0) + sigma * rng.standard_normal((N, D)) + 1000.0
     mu, cv, w = np.array([[999.0] * D, [1001.0] * D]), np.ones((M, D)), np.full(M, 0.5)
     r = ref.em(X, w, mu, cv, "diag", 1e-12, 1, 1, 0.0)
-    g = GMM(M, D, means=mu, covars=cv, weights=w, cvtype="diag", dtype=np.float64, backend="c", variant="VF",
-            reg_covar=1e-12)
+    g = GMM(
+        M,
+        D,
+        means=mu,
+        covars=cv,
+        weights=w,
+        cvtype="diag",
+        dtype=np.float64,
+        backend="c",
+        variant="VF",
+        reg_covar=1e-12,
+    )
     g.train(X, 1, 1, 0.0)
     np.testing.assert_allclose(g.covars, r["covars"], rtol=1e-10)
     np.testing.assert_allclose(g.means, r["means"], rtol=1e-12)

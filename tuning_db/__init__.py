@@ -10,19 +10,37 @@ it plain values (a device id and fingerprint, a :class:`VariantKey`, problem siz
     h.view(device_id).rows                 # in memory, refreshed incrementally
     h.export("history.json"); h.import_("history.json")
 """
+
 from .errors import HistoryError, SchemaMismatchError
 
-_LAZY = {"SCHEMA_VERSION": "models", "STATUSES": "models", "History": "store", "Row": "store",
-         "VariantKey": "store", "canonical_json": "store", "default_url": "store"}
+_LAZY = {
+    "SCHEMA_VERSION": "models",
+    "STATUSES": "models",
+    "History": "store",
+    "Row": "store",
+    "VariantKey": "store",
+    "canonical_json": "store",
+    "default_url": "store",
+}
 
-__all__ = ["History", "HistoryError", "Row", "SchemaMismatchError", "VariantKey", "SCHEMA_VERSION",
-           "STATUSES", "canonical_json", "default_url"]
+__all__ = [
+    "History",
+    "HistoryError",
+    "Row",
+    "SchemaMismatchError",
+    "VariantKey",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "canonical_json",
+    "default_url",
+]
 
 
 def __getattr__(name):
     # the database layer (SQLAlchemy) loads on first use, so that naming the errors costs nothing
     if name in _LAZY:
         import importlib
+
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value

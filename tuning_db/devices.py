@@ -8,6 +8,7 @@ column its compute capability.
 
 This module imports nothing (neither SQLAlchemy nor ``asp_gmm``).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +27,7 @@ def _text(v, limit: int) -> str:
 
 def _count(v) -> int:
     s = str(v)
-    return int(s) if s.isdigit() and len(s) < 10 else 0   # fits the Integer column
+    return int(s) if s.isdigit() and len(s) < 10 else 0  # fits the Integer column
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,14 @@ class DeviceFingerprint:
 
     def columns(self) -> dict:
         """The ``devices`` row's columns (model, isa, cores, driver, compiler)."""
-        return dict(backend=_text(self.backend, 32), model=_text(self.model, 256), isa="", cores=0, driver="",
-                    compiler=_text(self.compiler, 512))
+        return dict(
+            backend=_text(self.backend, 32),
+            model=_text(self.model, 256),
+            isa="",
+            cores=0,
+            driver="",
+            compiler=_text(self.compiler, 512),
+        )
 
 
 @dataclass(frozen=True)
@@ -91,8 +98,12 @@ class CudaFingerprint(DeviceFingerprint):
     driver: str = ""
 
     def columns(self) -> dict:
-        return {**super().columns(), "isa": _text(self.cc, 512), "cores": _count(self.sm_count),
-                "driver": _text(self.driver, 256)}
+        return {
+            **super().columns(),
+            "isa": _text(self.cc, 512),
+            "cores": _count(self.sm_count),
+            "driver": _text(self.driver, 256),
+        }
 
 
 def device_of(fp: dict) -> DeviceFingerprint:
@@ -101,11 +112,23 @@ def device_of(fp: dict) -> DeviceFingerprint:
     backend = str(fp.get("backend", ""))
     model, compiler = str(fp.get("model", "")), str(fp.get("compiler", ""))
     if backend == "cuda":
-        return CudaFingerprint(backend, model, compiler, cc=str(fp.get("arch", "")),
-                               sm_count=_count(fp.get("sm_count", 0)), memory=int(fp["memory"]) if str(fp.get("memory", "")).isdigit() else 0,
-                               driver=str(fp.get("driver", "")))
+        return CudaFingerprint(
+            backend,
+            model,
+            compiler,
+            cc=str(fp.get("arch", "")),
+            sm_count=_count(fp.get("sm_count", 0)),
+            memory=int(fp["memory"]) if str(fp.get("memory", "")).isdigit() else 0,
+            driver=str(fp.get("driver", "")),
+        )
     if backend in ("c", "numpy"):
         isa = fp.get("isa", ())
-        return CpuFingerprint(backend, model, compiler, isa=tuple(isa) if isinstance(isa, (list, tuple)) else (str(isa),),
-                              threads=_count(fp.get("threads", 0)), arch=str(fp.get("arch", "")))
+        return CpuFingerprint(
+            backend,
+            model,
+            compiler,
+            isa=tuple(isa) if isinstance(isa, (list, tuple)) else (str(isa),),
+            threads=_count(fp.get("threads", 0)),
+            arch=str(fp.get("arch", "")),
+        )
     return DeviceFingerprint(backend, model, compiler)

@@ -3,6 +3,7 @@
 ``asp_gmm.errors.HistoryError`` derives from :class:`HistoryError` and from ``asp_gmm.errors.ASPGMMError``
 (this package imports nothing of ``asp_gmm``).
 """
+
 from __future__ import annotations
 
 

@@ -18,11 +18,12 @@ Four tables:
     (``ok``, ``compile-failed``, ``launch-failed``, ``invalid``), when, and by which package version.
     ``uid`` makes export/import idempotent.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import (Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint)
+from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 #: Bump when a table changes; files of another version are refused with a message (no silent reuse).
@@ -58,11 +59,11 @@ class Device(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     backend: Mapped[str] = mapped_column(String(32), nullable=False)
     model: Mapped[str] = mapped_column(String(256), default="")
-    isa: Mapped[str] = mapped_column(String(512), default="")        # ISA extensions or compute capability
-    cores: Mapped[int] = mapped_column(Integer, default=0)            # hardware threads or SMs
+    isa: Mapped[str] = mapped_column(String(512), default="")  # ISA extensions or compute capability
+    cores: Mapped[int] = mapped_column(Integer, default=0)  # hardware threads or SMs
     driver: Mapped[str] = mapped_column(String(256), default="")
     compiler: Mapped[str] = mapped_column(String(512), default="")
-    fingerprint: Mapped[str] = mapped_column(Text, nullable=False)    # canonical JSON, all fields
+    fingerprint: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON, all fields
     created_at: Mapped[datetime] = mapped_column(nullable=False)
 
 
@@ -90,13 +91,13 @@ class Timing(Base):
     M: Mapped[int] = mapped_column(Integer, nullable=False)
     cvtype: Mapped[str] = mapped_column(String(8), nullable=False)
     dtype: Mapped[str] = mapped_column(String(16), nullable=False)
-    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)       # per EM iteration, median
-    cov_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)   # covariance part, median
+    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # per EM iteration, median
+    cov_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # covariance part, median
     repeats: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
     status: Mapped[str] = mapped_column(String(16), nullable=False)
     created_at: Mapped[datetime] = mapped_column(nullable=False)
     package_version: Mapped[str] = mapped_column(String(32), default="")
-    threads: Mapped[int | None] = mapped_column(Integer, nullable=True)       # CPU threads the run used
+    threads: Mapped[int | None] = mapped_column(Integer, nullable=True)  # CPU threads the run used
     # schema 3: a timing measured on a sample of the events of a call of N = sampled_from events
     # (the row's N is the sample's); it stands for that call's problem class, marked apart
     sampled_from: Mapped[int | None] = mapped_column(Integer, nullable=True)

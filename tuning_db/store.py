@@ -22,6 +22,7 @@ Reading
     refreshes it incrementally (rows with a larger id than seen) at most every
     ``refresh_interval`` seconds, so that planning on a warm history costs no query.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -50,8 +51,7 @@ from sqlalchemy.exc import ArgumentError, DatabaseError, IntegrityError, Operati
 from .devices import device_id as _device_id
 from .devices import device_of
 from .errors import HistoryError, SchemaMismatchError
-from .models import (CVTYPES, DTYPES, INT_MAX, SCHEMA_VERSION, STATUSES, Base, Device, SchemaInfo, Timing,
-                     Variant)
+from .models import CVTYPES, DTYPES, INT_MAX, SCHEMA_VERSION, STATUSES, Base, Device, SchemaInfo, Timing, Variant
 
 log = logging.getLogger("asp_gmm.tuning_db")
 
@@ -84,7 +84,7 @@ class VariantKey:
 
     backend: str
     name: str
-    tunables: str = "{}"          # canonical JSON of the tunables
+    tunables: str = "{}"  # canonical JSON of the tunables
     source_sha256: str = ""
 
     @classmethod
@@ -114,8 +114,8 @@ class Row:
     created_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc).replace(tzinfo=None))
     package_version: str = ""
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    id: int | None = None         # database id, once stored
-    threads: int | None = None    # CPU threads the run used (None: not a CPU run, or not recorded)
+    id: int | None = None  # database id, once stored
+    threads: int | None = None  # CPU threads the run used (None: not a CPU run, or not recorded)
     sampled_from: int | None = None  # N of the call whose events were sampled (None: the whole data)
 
 
@@ -159,12 +159,11 @@ class _OpenHistories:
             try:
                 h.flush()
             except Exception as exc:  # noqa: BLE001 - never raise at exit; say what was lost
-                log.warning("asp_gmm: could not save %d timing(s) to %s at exit: %s", len(h._pending), h.where,
-                            exc)
+                log.warning("asp_gmm: could not save %d timing(s) to %s at exit: %s", len(h._pending), h.where, exc)
 
     def after_fork_in_child(self):  # pragma: no cover - exercised by multiprocessing users
         for h in list(self.histories):
-            h._pending.clear()            # the parent writes its own queue
+            h._pending.clear()  # the parent writes its own queue
             h._engine.dispose(close=False)  # never share the parent's connections
             h._lock = threading.RLock()
 
@@ -209,8 +208,15 @@ class History:
         version; the message names it and says what to do.
     """
 
-    def __init__(self, url: str | None = None, package_version: str = "", batch_rows: int = 256,
-                 flush_interval: float = 1.0, refresh_interval: float = 5.0, keep_per_class: int = KEEP_PER_CLASS):
+    def __init__(
+        self,
+        url: str | None = None,
+        package_version: str = "",
+        batch_rows: int = 256,
+        flush_interval: float = 1.0,
+        refresh_interval: float = 5.0,
+        keep_per_class: int = KEEP_PER_CLASS,
+    ):
         self.url = url or default_url()
         self.keep_per_class = keep_per_class
         if "://" not in self.url:
@@ -228,8 +234,10 @@ class History:
         try:
             u = make_url(self.url)
         except ArgumentError as exc:
-            raise HistoryError(f"ASP_GMM_DB={self.url!r} is not a database URL ({exc}); use e.g. "
-                               "sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db") from None
+            raise HistoryError(
+                f"ASP_GMM_DB={self.url!r} is not a database URL ({exc}); use e.g. "
+                "sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db"
+            ) from None
         self.is_sqlite = u.get_backend_name() == "sqlite"
         self.path = u.database if self.is_sqlite else None
         self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
@@ -243,11 +251,15 @@ class History:
             try:
                 return create_engine(u, pool_pre_ping=True)
             except ImportError as exc:
-                raise HistoryError(f"the database driver for {self.where} is not installed ({exc}); "
-                                   "install it (e.g. pip install 'psycopg[binary]') or unset ASP_GMM_DB") from None
+                raise HistoryError(
+                    f"the database driver for {self.where} is not installed ({exc}); "
+                    "install it (e.g. pip install 'psycopg[binary]') or unset ASP_GMM_DB"
+                ) from None
         if self.path in (None, "", ":memory:"):
-            raise HistoryError("an in-memory SQLite history would be lost at exit and is not shared between "
-                               "connections; give a file: sqlite:///path/history.sqlite")
+            raise HistoryError(
+                "an in-memory SQLite history would be lost at exit and is not shared between "
+                "connections; give a file: sqlite:///path/history.sqlite"
+            )
         if str(u.query.get("uri", "")).lower() in ("true", "1") and self.path.startswith("file:"):
             self.path = self.where = urllib.parse.unquote(urllib.parse.urlparse(self.path).path)
         try:
@@ -255,13 +267,14 @@ class History:
         except OSError as exc:
             raise HistoryError(
                 f"the folder of the tuning history {self.path} cannot be created ({exc.strerror or exc}); set "
-                "ASP_GMM_DB to a file in a folder you can write (or any SQLAlchemy URL)") from None
+                "ASP_GMM_DB to a file in a folder you can write (or any SQLAlchemy URL)"
+            ) from None
         self._check_sqlite_file()
         engine = create_engine(u, connect_args={"timeout": 30.0})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record):
-            dbapi_conn.isolation_level = None   # we emit BEGIN ourselves (below)
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA busy_timeout=30000")
             cur.execute("PRAGMA journal_mode=WAL")
@@ -271,8 +284,8 @@ class History:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("asp_gmm_write")
-                                 else "BEGIN")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("asp_gmm_write") else "BEGIN")
+
         return engine
 
     def _check_sqlite_file(self) -> None:
@@ -284,11 +297,15 @@ class History:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise HistoryError(f"the tuning history {self.path} cannot be read ({exc.strerror or exc}); "
-                               "set ASP_GMM_DB to a file you can read and write") from None
+            raise HistoryError(
+                f"the tuning history {self.path} cannot be read ({exc.strerror or exc}); "
+                "set ASP_GMM_DB to a file you can read and write"
+            ) from None
         if stat.S_ISDIR(st.st_mode):
-            raise HistoryError(f"the tuning history {self.path} is a folder; set ASP_GMM_DB to a file path, "
-                               f"e.g. {Path(self.path) / 'history.sqlite'}")
+            raise HistoryError(
+                f"the tuning history {self.path} is a folder; set ASP_GMM_DB to a file path, "
+                f"e.g. {Path(self.path) / 'history.sqlite'}"
+            )
         if st.st_size == 0:
             return
         uri = "file:" + urllib.parse.quote(str(Path(self.path).absolute())) + "?mode=ro"
@@ -304,7 +321,8 @@ class History:
             raise HistoryError(
                 f"{self.where} is a database but not an asp_gmm tuning history (it has the tables "
                 f"{sorted(tables)[:5]} and no {SchemaInfo.__tablename__}); it was left unchanged; "
-                "set ASP_GMM_DB to another location")
+                "set ASP_GMM_DB to another location"
+            )
 
     def _fix(self) -> str:
         if self.is_sqlite:
@@ -315,18 +333,21 @@ class History:
         msg = str(getattr(exc, "orig", None) or exc)
         low = msg.lower()
         if self.is_sqlite and ("not a database" in low or "malformed" in low or "encrypted" in low):
-            return HistoryError(f"the tuning history {self.path} is corrupt or not an SQLite file ({msg}); "
-                                f"{self._fix()}")
+            return HistoryError(
+                f"the tuning history {self.path} is corrupt or not an SQLite file ({msg}); {self._fix()}"
+            )
         if self.is_sqlite and ("readonly" in low or "read-only" in low or "permission denied" in low):
             # never advise deleting it: it may be a shared history someone made read-only on purpose
             return HistoryError(
                 f"could not {doing} the tuning history {self.path}: it is read-only for you ({msg}). Make it and "
                 "its folder writable for you (chmod u+w), or set ASP_GMM_DB to a file you can write, or set "
-                "ASP_GMM_AUTOTUNE=0 to run without measuring")
+                "ASP_GMM_AUTOTUNE=0 to run without measuring"
+            )
         if self.is_sqlite and "unable to open" in low:
             return HistoryError(
                 f"could not {doing} the tuning history {self.path} ({msg}): check that you can read and write "
-                "it and its folder, or set ASP_GMM_DB to another location")
+                "it and its folder, or set ASP_GMM_DB to another location"
+            )
         return HistoryError(f"could not {doing} the tuning history {self.where}: {msg}; {self._fix()}")
 
     def _open(self):
@@ -337,11 +358,17 @@ class History:
                     if tables:
                         raise HistoryError(
                             f"{self.where} is a database but not an asp_gmm tuning history (it has the "
-                            f"tables {sorted(tables)[:5]} and no {SchemaInfo.__tablename__}); {self._fix()}")
+                            f"tables {sorted(tables)[:5]} and no {SchemaInfo.__tablename__}); {self._fix()}"
+                        )
                     Base.metadata.create_all(conn)
-                    conn.execute(SchemaInfo.__table__.insert().values(
-                        id=1, version=SCHEMA_VERSION, created_by=f"asp_gmm {self.package_version}".strip(),
-                        created_at=_now()))
+                    conn.execute(
+                        SchemaInfo.__table__.insert().values(
+                            id=1,
+                            version=SCHEMA_VERSION,
+                            created_by=f"asp_gmm {self.package_version}".strip(),
+                            created_at=_now(),
+                        )
+                    )
                 version = conn.execute(select(SchemaInfo.version).where(SchemaInfo.id == 1)).scalar()
                 if version == 1:
                     migrate_1_to_2(conn)
@@ -350,6 +377,7 @@ class History:
                     migrate_2_to_3(conn)
                     version = 3
                 return version
+
         try:
             try:
                 version = self._run(create_or_check, "open")
@@ -365,7 +393,8 @@ class History:
             self._engine.dispose()
             raise SchemaMismatchError(
                 f"the tuning history {self.where} has schema version {version}, this asp_gmm uses "
-                f"{SCHEMA_VERSION}; export what you need with the asp_gmm that wrote it, then {self._fix()}")
+                f"{SCHEMA_VERSION}; export what you need with the asp_gmm that wrote it, then {self._fix()}"
+            )
 
     # ------------------------------------------------------------------ transactions
     def _write(self):
@@ -385,7 +414,8 @@ class History:
                 self._known_devices.clear()
                 msg = str(exc.orig).lower()
                 transient = (isinstance(exc, OperationalError) and ("locked" in msg or "busy" in msg)) or (
-                    isinstance(exc, IntegrityError) and attempt < 2)
+                    isinstance(exc, IntegrityError) and attempt < 2
+                )
                 if transient and attempt < 11:
                     time.sleep(delay * (1 + random.random()))
                     delay = min(2 * delay, 1.0)
@@ -393,10 +423,23 @@ class History:
                 raise self._translate(exc, doing) from None
 
     # ------------------------------------------------------------------ writing
-    def record(self, device_id: str, fingerprint: dict, variant: VariantKey, N: int, D: int, M: int,
-               cvtype: str, dtype: str, status: str, seconds: float | None = None,
-               cov_seconds: float | None = None, repeats: int = 1, threads: int | None = None,
-               sampled_from: int | None = None) -> Row:
+    def record(
+        self,
+        device_id: str,
+        fingerprint: dict,
+        variant: VariantKey,
+        N: int,
+        D: int,
+        M: int,
+        cvtype: str,
+        dtype: str,
+        status: str,
+        seconds: float | None = None,
+        cov_seconds: float | None = None,
+        repeats: int = 1,
+        threads: int | None = None,
+        sampled_from: int | None = None,
+    ) -> Row:
         """Queue one timing (``status="ok"``) or failure; it is visible to :meth:`view` at once.
 
         ``threads``: the CPU threads the run used (a property of the run, not of the device).
@@ -405,11 +448,22 @@ class History:
             raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
         if status == "ok" and (seconds is None or not seconds > 0):
             raise ValueError(f"an ok timing needs seconds > 0, got {seconds!r}")
-        row = Row(device_id, variant, int(N), int(D), int(M), cvtype, dtype, status,
-                  None if seconds is None else float(seconds),
-                  None if cov_seconds is None else float(cov_seconds), int(repeats),
-                  package_version=self.package_version, threads=None if threads is None else int(threads),
-                  sampled_from=None if sampled_from is None else int(sampled_from))
+        row = Row(
+            device_id,
+            variant,
+            int(N),
+            int(D),
+            int(M),
+            cvtype,
+            dtype,
+            status,
+            None if seconds is None else float(seconds),
+            None if cov_seconds is None else float(cov_seconds),
+            int(repeats),
+            package_version=self.package_version,
+            threads=None if threads is None else int(threads),
+            sampled_from=None if sampled_from is None else int(sampled_from),
+        )
         with self._lock:
             if device_id not in self._fingerprints:
                 self._fingerprints[device_id] = dict(fingerprint)
@@ -438,7 +492,7 @@ class History:
                 self._last_flush = time.monotonic()
                 return 0
             self._run(lambda: self._insert(rows, skip_existing=False, bound=True), "write to")
-            del self._pending[:len(rows)]
+            del self._pending[: len(rows)]
             self._last_flush = time.monotonic()
             return len(rows)
 
@@ -454,21 +508,55 @@ class History:
             if skip_existing:
                 uids = [r.uid for r in rows]
                 for i in range(0, len(uids), 500):
-                    existing.update(conn.execute(select(Timing.uid).where(Timing.uid.in_(uids[i:i + 500]))).scalars())
-            cols = ("uid", "device_id", "variant_id", "N", "D", "M", "cvtype", "dtype", "seconds", "cov_seconds",
-                    "repeats", "status", "created_at", "package_version", "threads", "sampled_from")
-            values = [(r.uid, r.device_id, self._variant_id(conn, r.variant), r.N, r.D, r.M, r.cvtype, r.dtype,
-                       r.seconds, r.cov_seconds, r.repeats, r.status, r.created_at, r.package_version, r.threads,
-                       r.sampled_from)
-                      for r in rows if r.uid not in existing]
+                    existing.update(conn.execute(select(Timing.uid).where(Timing.uid.in_(uids[i : i + 500]))).scalars())
+            cols = (
+                "uid",
+                "device_id",
+                "variant_id",
+                "N",
+                "D",
+                "M",
+                "cvtype",
+                "dtype",
+                "seconds",
+                "cov_seconds",
+                "repeats",
+                "status",
+                "created_at",
+                "package_version",
+                "threads",
+                "sampled_from",
+            )
+            values = [
+                (
+                    r.uid,
+                    r.device_id,
+                    self._variant_id(conn, r.variant),
+                    r.N,
+                    r.D,
+                    r.M,
+                    r.cvtype,
+                    r.dtype,
+                    r.seconds,
+                    r.cov_seconds,
+                    r.repeats,
+                    r.status,
+                    r.created_at,
+                    r.package_version,
+                    r.threads,
+                    r.sampled_from,
+                )
+                for r in rows
+                if r.uid not in existing
+            ]
             if values and self.is_sqlite:
                 # the driver's executemany: SQLAlchemy's per-row bind processing costs ~15 us a row,
                 # which a program calling train() thousands of times would pay. The timestamp is
                 # stored as the same text SQLAlchemy's DateTime writes on SQLite.
-                sql = (f"INSERT INTO {Timing.__tablename__} ({', '.join(cols)}) "
-                       f"VALUES ({', '.join('?' * len(cols))})")
-                conn.exec_driver_sql(sql, [v[:12] + (v[12].isoformat(sep=" ", timespec="microseconds"),) + v[13:]
-                                           for v in values])
+                sql = f"INSERT INTO {Timing.__tablename__} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+                conn.exec_driver_sql(
+                    sql, [v[:12] + (v[12].isoformat(sep=" ", timespec="microseconds"),) + v[13:] for v in values]
+                )
             elif values:
                 conn.execute(Timing.__table__.insert(), [dict(zip(cols, v)) for v in values])
         return len(values)
@@ -492,9 +580,19 @@ class History:
                 touched[k][cls] += 1
         for (dev, vk, cv, dt, D, M), classes in touched.items():
             vid = self._variant_id(conn, vk)
-            q = (select(T.id, T.N, T.sampled_from)
-                 .where(T.device_id == dev, T.cvtype == cv, T.dtype == dt, T.D == D, T.M == M,
-                        T.variant_id == vid, T.status == "ok").order_by(T.id.desc()))
+            q = (
+                select(T.id, T.N, T.sampled_from)
+                .where(
+                    T.device_id == dev,
+                    T.cvtype == cv,
+                    T.dtype == dt,
+                    T.D == D,
+                    T.M == M,
+                    T.variant_id == vid,
+                    T.status == "ok",
+                )
+                .order_by(T.id.desc())
+            )
             seen: dict = {}
             drop = []
             for id_, N, sf in conn.execute(q):
@@ -506,33 +604,42 @@ class History:
                 if seen[cls] + classes[cls] > keep:
                     drop.append(id_)
             for i in range(0, len(drop), 500):
-                conn.execute(delete(Timing).where(T.id.in_(drop[i:i + 500])))
+                conn.execute(delete(Timing).where(T.id.in_(drop[i : i + 500])))
 
     def _ensure_device(self, conn, device_id: str, fp: dict):
         if device_id in self._known_devices:
             return
         if conn.execute(select(Device.id).where(Device.id == device_id)).first() is None:
-            conn.execute(Device.__table__.insert().values(
-                id=device_id, **device_of(fp).columns(), fingerprint=canonical_json(fp), created_at=_now()))
+            conn.execute(
+                Device.__table__.insert().values(
+                    id=device_id, **device_of(fp).columns(), fingerprint=canonical_json(fp), created_at=_now()
+                )
+            )
         self._known_devices.add(device_id)
 
     def _variant_id(self, conn, key: VariantKey) -> int:
         vid = self._variant_ids.get(key)
         if vid is None:
-            q = select(Variant.id).where(Variant.backend == key.backend, Variant.name == key.name,
-                                         Variant.tunables == key.tunables,
-                                         Variant.source_sha256 == key.source_sha256)
+            q = select(Variant.id).where(
+                Variant.backend == key.backend,
+                Variant.name == key.name,
+                Variant.tunables == key.tunables,
+                Variant.source_sha256 == key.source_sha256,
+            )
             vid = conn.execute(q).scalar()
             if vid is None:
-                vid = conn.execute(Variant.__table__.insert().values(
-                    backend=key.backend, name=key.name, tunables=key.tunables,
-                    source_sha256=key.source_sha256)).inserted_primary_key[0]
+                vid = conn.execute(
+                    Variant.__table__.insert().values(
+                        backend=key.backend, name=key.name, tunables=key.tunables, source_sha256=key.source_sha256
+                    )
+                ).inserted_primary_key[0]
             self._variant_ids[key] = vid
         return vid
 
     # ------------------------------------------------------------------ reading
-    def rows(self, device_id: str | None = None, since_id: int = 0, limit: int | None = None,
-             newest_first: bool = False) -> list:
+    def rows(
+        self, device_id: str | None = None, since_id: int = 0, limit: int | None = None, newest_first: bool = False
+    ) -> list:
         """Stored rows (queued ones are flushed first), optionally of one device."""
         self.flush()
         return self._run(lambda: self._select(device_id, since_id, limit, newest_first), "read")
@@ -548,11 +655,32 @@ class History:
         those that cannot (values no asp_gmm writes; SQLite keeps any value in any column)."""
         T, V = Timing.__table__.c, Variant.__table__.c
         at = type_coerce(T.created_at, String) if self.is_sqlite else T.created_at
-        q = (select(T.id, T.uid, T.device_id, V.backend, V.name, V.tunables, V.source_sha256, T.N, T.D, T.M,
-                    T.cvtype, T.dtype, T.status, T.seconds, T.cov_seconds, T.repeats, at, T.package_version,
-                    T.threads, T.sampled_from)
-             .join_from(Timing.__table__, Variant.__table__, T.variant_id == V.id)
-             .where(T.id > since_id))
+        q = (
+            select(
+                T.id,
+                T.uid,
+                T.device_id,
+                V.backend,
+                V.name,
+                V.tunables,
+                V.source_sha256,
+                T.N,
+                T.D,
+                T.M,
+                T.cvtype,
+                T.dtype,
+                T.status,
+                T.seconds,
+                T.cov_seconds,
+                T.repeats,
+                at,
+                T.package_version,
+                T.threads,
+                T.sampled_from,
+            )
+            .join_from(Timing.__table__, Variant.__table__, T.variant_id == V.id)
+            .where(T.id > since_id)
+        )
         if device_id is not None:
             q = q.where(T.device_id == device_id)
         if extra is not None:
@@ -562,7 +690,7 @@ class History:
             q = q.limit(limit)
         keys: dict = {}
         out, bad = [], []
-        for (id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf) in conn.execute(q):
+        for id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf in conn.execute(q):
             k = (vb, vn, vt, vs)
             vk = keys.get(k)
             try:
@@ -576,9 +704,27 @@ class History:
             except _Bad as b:
                 bad.append((id_, f"{b.field} {b.why}"))
                 continue
-            out.append(Row(dev, vk, N, D, M, cv, dt, st, sec, csec, rep, when, pv or "", uid, id_,
-                           thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
-                           sf if isinstance(sf, int) and not isinstance(sf, bool) and sf > 0 else None))
+            out.append(
+                Row(
+                    dev,
+                    vk,
+                    N,
+                    D,
+                    M,
+                    cv,
+                    dt,
+                    st,
+                    sec,
+                    csec,
+                    rep,
+                    when,
+                    pv or "",
+                    uid,
+                    id_,
+                    thr if isinstance(thr, int) and not isinstance(thr, bool) else None,
+                    sf if isinstance(sf, int) and not isinstance(sf, bool) and sf > 0 else None,
+                )
+            )
         return out, bad
 
     def _warn_damaged(self, bad) -> None:
@@ -587,8 +733,10 @@ class History:
             return
         self._warned_damaged.update(i for i, _ in new)
         shown = "; ".join(f"id {i}: {why}" for i, why in new[:5]) + ("; ..." if len(new) > 5 else "")
-        msg = (f"asp_gmm: skipped {len(new)} damaged timing row(s) of the tuning history {self.where} ({shown}); "
-               "run `asp-gmm history repair` to delete them")
+        msg = (
+            f"asp_gmm: skipped {len(new)} damaged timing row(s) of the tuning history {self.where} ({shown}); "
+            "run `asp-gmm history repair` to delete them"
+        )
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
@@ -623,7 +771,7 @@ class History:
             return
         missing = [i for i, uid in new if uid not in v.uids]
         for k in range(0, len(missing), 500):
-            ids = missing[k:k + 500]
+            ids = missing[k : k + 500]
             for r in self._select(v.device_id, min(ids) - 1, extra=T.id.in_(ids)):
                 v._add(r)
         v.max_id = max(v.max_id, max(i for i, _ in new))
@@ -644,11 +792,14 @@ class History:
                     else:
                         out.append((d, json.loads(fp), counts.get(d, 0)))
                 return out, bad
+
         out, bad = self._run(q, "read")
         if bad:
-            msg = (f"asp_gmm: skipped {len(bad)} device(s) of the tuning history {self.where} whose fingerprint "
-                   f"cannot be read ({'; '.join(f'{d}: {w}' for d, w in bad[:3])}); run `asp-gmm history repair` "
-                   "to delete them")
+            msg = (
+                f"asp_gmm: skipped {len(bad)} device(s) of the tuning history {self.where} whose fingerprint "
+                f"cannot be read ({'; '.join(f'{d}: {w}' for d, w in bad[:3])}); run `asp-gmm history repair` "
+                "to delete them"
+            )
             log.warning(msg)
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
         return out
@@ -659,6 +810,7 @@ class History:
         def q():
             with self._engine.connect() as conn:
                 return conn.execute(select(func.count()).select_from(Timing)).scalar()
+
         return self._run(q, "read")
 
     def clear(self) -> int:
@@ -673,6 +825,7 @@ class History:
                     conn.execute(delete(Variant))
                     conn.execute(delete(Device))
                     return n
+
             n = self._run(tx, "clear")
             self._views.clear()
             self._variant_ids.clear()
@@ -684,9 +837,13 @@ class History:
         """Write every row to ``path`` as JSON (with the schema version); return how many."""
         rows = self.rows()
         devices = {d: fp for d, fp, _ in self.devices()}
-        doc = {"format": EXPORT_FORMAT, "schema_version": SCHEMA_VERSION, "exported_at": _now().isoformat(),
-               "devices": [{"id": d, "fingerprint": fp} for d, fp in devices.items()],
-               "timings": [_row_to_json(r) for r in rows]}
+        doc = {
+            "format": EXPORT_FORMAT,
+            "schema_version": SCHEMA_VERSION,
+            "exported_at": _now().isoformat(),
+            "devices": [{"id": d, "fingerprint": fp} for d, fp in devices.items()],
+            "timings": [_row_to_json(r) for r in rows],
+        }
         tmp = Path(str(path) + ".tmp")
         tmp.write_text(json.dumps(doc, indent=1))
         os.replace(tmp, path)
@@ -705,18 +862,19 @@ class History:
         """
         try:
             doc = json.loads(Path(path).read_text())
-        except (OSError, ValueError, RecursionError) as exc:   # RecursionError: absurdly deep nesting
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
             raise HistoryError(f"cannot read {path} as an asp_gmm history export: {exc}") from None
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise HistoryError(f"{path} is not an asp_gmm history export (written by `asp-gmm history export`)")
         if doc.get("schema_version") == 1 and isinstance(doc.get("devices"), list):
             doc = _export_from_1(doc)
         if doc.get("schema_version") == 2:
-            doc = {**doc, "schema_version": 3}   # schema 3 only adds timings' optional sampled_from
+            doc = {**doc, "schema_version": 3}  # schema 3 only adds timings' optional sampled_from
         if doc.get("schema_version") != SCHEMA_VERSION:
             raise SchemaMismatchError(
                 f"{path} has schema version {doc.get('schema_version')}, this asp_gmm uses {SCHEMA_VERSION}; "
-                "its rows were not imported. Export it again with an asp_gmm of this schema version.")
+                "its rows were not imported. Export it again with an asp_gmm of this schema version."
+            )
         devices, rows = _parse_export(doc, path)
         with self._lock:
             self.flush()
@@ -736,19 +894,26 @@ class History:
                     _, bad = self._read(conn, None, 0)
                     bad_ids = {i for i, _ in bad}
                     V, Dv, T = Variant.__table__.c, Device.__table__.c, Timing.__table__.c
-                    bad_variants = [vid for vid, tun in conn.execute(select(V.id, V.tunables))
-                                    if _tunables_problem(tun)]
-                    bad_devices = [did for did, fp in conn.execute(select(Dv.id, Dv.fingerprint))
-                                   if _fingerprint_problem(fp)]
+                    bad_variants = [
+                        vid for vid, tun in conn.execute(select(V.id, V.tunables)) if _tunables_problem(tun)
+                    ]
+                    bad_devices = [
+                        did for did, fp in conn.execute(select(Dv.id, Dv.fingerprint)) if _fingerprint_problem(fp)
+                    ]
                     n = 0
-                    for col, keys in ((T.variant_id, bad_variants), (T.device_id, bad_devices), (T.id, sorted(bad_ids))):
+                    for col, keys in (
+                        (T.variant_id, bad_variants),
+                        (T.device_id, bad_devices),
+                        (T.id, sorted(bad_ids)),
+                    ):
                         for k in range(0, len(keys), 500):
-                            n += conn.execute(delete(Timing).where(col.in_(keys[k:k + 500]))).rowcount
+                            n += conn.execute(delete(Timing).where(col.in_(keys[k : k + 500]))).rowcount
                     for k in range(0, len(bad_variants), 500):
-                        conn.execute(delete(Variant).where(V.id.in_(bad_variants[k:k + 500])))
+                        conn.execute(delete(Variant).where(V.id.in_(bad_variants[k : k + 500])))
                     for k in range(0, len(bad_devices), 500):
-                        conn.execute(delete(Device).where(Dv.id.in_(bad_devices[k:k + 500])))
+                        conn.execute(delete(Device).where(Dv.id.in_(bad_devices[k : k + 500])))
                     return n
+
             n = self._run(tx, "repair")
             self._views.clear()
             self._variant_ids.clear()
@@ -819,9 +984,17 @@ def _int(v, field: str, lo: int = 1, hi: int = INT_MAX) -> int:
 def _seconds(v, field: str, ok_zero: bool = False):
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (v == 0 and not ok_zero):
-        raise _Bad(field, f"must be a {'non-negative' if ok_zero else 'positive'} finite number of seconds or "
-                          f"null, got {_show(v)}")
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or not math.isfinite(v)
+        or v < 0
+        or (v == 0 and not ok_zero)
+    ):
+        raise _Bad(
+            field,
+            f"must be a {'non-negative' if ok_zero else 'positive'} finite number of seconds or null, got {_show(v)}",
+        )
     return float(v)
 
 
@@ -882,6 +1055,7 @@ def _timestamp(v) -> datetime:
 def _parse_export(doc: dict, path) -> tuple:
     """``(devices {id: fingerprint}, rows)`` of an export document, every value checked; a bad one
     raises :class:`HistoryError` naming the row and the field (nothing is imported)."""
+
     def fail(where, b):
         field = f"{where}.{b.field}" if b.field else where
         return HistoryError(f"{path}: {field} {b.why}; nothing was imported")
@@ -932,20 +1106,37 @@ def _parse_export(doc: dict, path) -> tuple:
             created_at = _timestamp(t.get("created_at"))
             pv = _text(t.get("package_version", ""), "package_version", 32, empty_ok=True)
             threads = t.get("threads")
-            if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool)
-                                        or not 0 < threads <= INT_MAX):
+            if threads is not None and (
+                not isinstance(threads, int) or isinstance(threads, bool) or not 0 < threads <= INT_MAX
+            ):
                 raise _Bad("threads", f"must be a positive integer or null, got {_show(threads)}")
             sampled_from = t.get("sampled_from")
-            if sampled_from is not None and (not isinstance(sampled_from, int) or isinstance(sampled_from, bool)
-                                             or not 0 < sampled_from <= INT_MAX):
+            if sampled_from is not None and (
+                not isinstance(sampled_from, int) or isinstance(sampled_from, bool) or not 0 < sampled_from <= INT_MAX
+            ):
                 raise _Bad("sampled_from", f"must be a positive integer or null, got {_show(sampled_from)}")
         except _Bad as b:
             raise fail(f"timings[{i}]", b) from None
-        rows.append(Row(device_id=dev, variant=VariantKey(backend, name, tunables, sha), N=N, D=D, M=M,
-                        cvtype=cvtype, dtype=dtype, status=status, seconds=_seconds(seconds, "seconds"),
-                        cov_seconds=_seconds(cov_seconds, "cov_seconds", ok_zero=True), repeats=repeats,
-                        created_at=created_at, package_version=pv, uid=uid, threads=threads,
-                        sampled_from=sampled_from))
+        rows.append(
+            Row(
+                device_id=dev,
+                variant=VariantKey(backend, name, tunables, sha),
+                N=N,
+                D=D,
+                M=M,
+                cvtype=cvtype,
+                dtype=dtype,
+                status=status,
+                seconds=_seconds(seconds, "seconds"),
+                cov_seconds=_seconds(cov_seconds, "cov_seconds", ok_zero=True),
+                repeats=repeats,
+                created_at=created_at,
+                package_version=pv,
+                uid=uid,
+                threads=threads,
+                sampled_from=sampled_from,
+            )
+        )
     return devices, rows
 
 
@@ -1001,20 +1192,26 @@ def migrate_1_to_2(conn) -> None:
         try:
             old[did] = (json.loads(text), created)
         except (TypeError, ValueError):
-            continue                       # unreadable: left for `asp-gmm history repair`
+            continue  # unreadable: left for `asp-gmm history repair`
     new_devices, moves = merge_cpu_devices({d: fp for d, (fp, _) in old.items()})
     for old_id, (new_id, threads) in moves.items():
         if conn.execute(select(Dv.c.id).where(Dv.c.id == new_id)).first() is None:
-            conn.execute(Dv.insert().values(id=new_id, **device_of(new_devices[new_id]).columns(),
-                                            fingerprint=canonical_json(new_devices[new_id]),
-                                            created_at=old[old_id][1] or _now()))
+            conn.execute(
+                Dv.insert().values(
+                    id=new_id,
+                    **device_of(new_devices[new_id]).columns(),
+                    fingerprint=canonical_json(new_devices[new_id]),
+                    created_at=old[old_id][1] or _now(),
+                )
+            )
         conn.execute(T.update().where(T.c.device_id == old_id).values(device_id=new_id, threads=threads))
         if old_id != new_id:
             conn.execute(delete(Device).where(Dv.c.id == old_id))
     for did, fp in new_devices.items():
         if isinstance(fp, dict):
-            conn.execute(Dv.update().where(Dv.c.id == did).values(**device_of(fp).columns(),
-                                                                    fingerprint=canonical_json(fp)))
+            conn.execute(
+                Dv.update().where(Dv.c.id == did).values(**device_of(fp).columns(), fingerprint=canonical_json(fp))
+            )
     conn.execute(SchemaInfo.__table__.update().where(SchemaInfo.__table__.c.id == 1).values(version=2))
 
 
@@ -1036,5 +1233,9 @@ def _export_from_1(doc: dict) -> dict:
             new_id, threads = moves[t["device_id"]]
             t = {**t, "device_id": new_id, "threads": threads}
         timings.append(t)
-    return {**doc, "schema_version": 2, "devices": [{"id": d, "fingerprint": fp} for d, fp in new_devices.items()],
-            "timings": timings}
+    return {
+        **doc,
+        "schema_version": 2,
+        "devices": [{"id": d, "fingerprint": fp} for d, fp in new_devices.items()],
+        "timings": timings,
+    }

@@ -2,6 +2,7 @@
 
 Optional runtimes (pycuda) are imported only when asked for, so the package imports without them.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -76,7 +77,9 @@ def note_auto_choice(name: str, runtime=None) -> None:
     if reason is None:
         return
     rt.warned_slow = True
-    msg = (f"asp_gmm: backend='auto' is running the NumPy reference backend, which is slow (no compiled code), "
-           f"because {reason}. Pass backend='numpy' to choose it deliberately.")
+    msg = (
+        f"asp_gmm: backend='auto' is running the NumPy reference backend, which is slow (no compiled code), "
+        f"because {reason}. Pass backend='numpy' to choose it deliberately."
+    )
     log.warning(msg)
     warnings.warn(msg, RuntimeWarning, stacklevel=4)

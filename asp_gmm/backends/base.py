@@ -5,6 +5,7 @@ a :class:`Session` over one data set. A session owns the data and the model para
 device and runs the EM loop; only scalars and, on request, the parameters come back.
 Backends never import the Face (``asp_gmm.gmm``) nor the tuning history.
 """
+
 from __future__ import annotations
 
 import abc
@@ -55,8 +56,8 @@ class Kernel:
 
     variant: registry.Variant
     tunables: dict
-    handle: object = None        # backend-specific: a function pointer, a cubin module...
-    binary: str = ""             # path of the cached binary, if any
+    handle: object = None  # backend-specific: a function pointer, a cubin module...
+    binary: str = ""  # path of the cached binary, if any
 
     @property
     def config(self) -> registry.Config:
@@ -85,8 +86,15 @@ class Session(abc.ABC):
     def params(self):
         """Return float64 copies ``(weights, means, covars)``."""
 
-    def em(self, kernel: Kernel, *legacy, min_iters: int | None = None, max_iters: int | None = None,
-           tol: float | None = None, reg_covar: float | None = None) -> EMRun:
+    def em(
+        self,
+        kernel: Kernel,
+        *legacy,
+        min_iters: int | None = None,
+        max_iters: int | None = None,
+        tol: float | None = None,
+        reg_covar: float | None = None,
+    ) -> EMRun:
         """Run up to ``max_iters`` EM iterations with ``kernel`` computing the covariance, stopping once
         :func:`asp_gmm.reference.converged` holds (at least ``min_iters`` done).
 
@@ -101,8 +109,9 @@ class Session(abc.ABC):
             max_iters, min_iters, tol, reg_covar = legacy
         if None in (min_iters, max_iters, tol, reg_covar):
             raise TypeError("em() needs min_iters, max_iters, tol and reg_covar (keywords)")
-        return self._em(kernel, min_iters=int(min_iters), max_iters=int(max_iters), tol=float(tol),
-                        reg_covar=float(reg_covar))
+        return self._em(
+            kernel, min_iters=int(min_iters), max_iters=int(max_iters), tol=float(tol), reg_covar=float(reg_covar)
+        )
 
     def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         """The backend's EM loop (see :meth:`em`)."""
@@ -143,7 +152,7 @@ def background_pool() -> ThreadPoolExecutor:
                 n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
                 _pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-bg")
                 register = getattr(threading, "_register_atexit", None)
-                if register is not None:     # runs before the executor's own exit hook joins its threads
+                if register is not None:  # runs before the executor's own exit hook joins its threads
                     register(lambda: _pool.shutdown(wait=False, cancel_futures=True))
     return _pool
 
@@ -153,8 +162,11 @@ def _logged(fn, what):
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - kept in the future; the caller that waits sees it
-            _log.info("asp_gmm: background compile of %s failed: %s", what, str(exc).splitlines()[0] if str(exc) else exc)
+            _log.info(
+                "asp_gmm: background compile of %s failed: %s", what, str(exc).splitlines()[0] if str(exc) else exc
+            )
             raise
+
     return run
 
 
@@ -183,7 +195,8 @@ class Backend(abc.ABC):
     @property
     def device_id(self) -> str:
         """sha256 (first 16 hex digits) of the fingerprint: the device part of every stored key."""
-        from ..tuning_db.devices import device_id    # no database import: the history's one formula
+        from ..tuning_db.devices import device_id  # no database import: the history's one formula
+
         return device_id(self.fingerprint())
 
     def covariance_variants(self, problem: Problem | None = None) -> list:
@@ -239,6 +252,7 @@ class Backend(abc.ABC):
         """Wait until this backend's background compiles have finished (failed ones included);
         ``False`` when ``timeout`` seconds passed first."""
         import concurrent.futures as cf
+
         with _futures_lock:
             futs = list(self._futures().values())
         _, pending = cf.wait(futs, timeout=timeout)
@@ -248,8 +262,9 @@ class Backend(abc.ABC):
         """Start :meth:`prepare` for ``problem`` in the background (once per problem class); the
         future's result is ``None``. A caller that needs the result simply calls :meth:`prepare`
         (it waits on the compile cache's lock, never compiles twice)."""
-        return self._submit(("prepare", self.prepare_key(problem)), lambda: self.prepare(problem),
-                            f"{self.name} modules of {problem}")
+        return self._submit(
+            ("prepare", self.prepare_key(problem)), lambda: self.prepare(problem), f"{self.name} modules of {problem}"
+        )
 
     def prepare_key(self, problem: Problem):
         """What :meth:`prepare`'s work depends on (its binaries' problem class)."""
@@ -357,12 +372,17 @@ class StatsRunner:
         :class:`asp_gmm.errors.NotPositiveDefiniteError`."""
         from .. import reference as ref
         from ..errors import from_reference
+
         try:
             ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)
         except ref.NotPositiveDefiniteError as exc:
             raise from_reference(exc) from None
-        self._params = (np.array(weights, np.float64), np.array(means, np.float64),
-                        np.array(covars, np.float64), float(reg_covar))
+        self._params = (
+            np.array(weights, np.float64),
+            np.array(means, np.float64),
+            np.array(covars, np.float64),
+            float(reg_covar),
+        )
 
     def stats(self, X: np.ndarray) -> BlockStats:
         """Statistics of the block ``X`` ((n, D), C-contiguous, ``problem.dtype``, n <= ``problem.N``)."""
@@ -374,8 +394,10 @@ class StatsRunner:
         ll = float(np.sum(logprob, dtype=np.float64))
         if not np.isfinite(ll):
             from ..errors import NonFiniteError
-            raise NonFiniteError(f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer "
-                                     "components, or scale the data")
+
+            raise NonFiniteError(
+                f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer components, or scale the data"
+            )
         return stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
 
     def stats_many(self, blocks):
@@ -394,14 +416,15 @@ def block_rows_for(problem: Problem, default_bytes: int) -> int:
     bytes (``default_bytes`` where unset), at least 256."""
     from ..config import settings
     from ..errors import SettingError
+
     raw = settings().block_bytes
     nbytes = default_bytes
     if raw:
         try:
             nbytes = int(float(raw))
         except (ValueError, OverflowError):
-            raise SettingError(f"ASP_GMM_BLOCK_BYTES={raw!r} is not a number of bytes; unset it or give e.g. "
-                               "8388608") from None
+            raise SettingError(
+                f"ASP_GMM_BLOCK_BYTES={raw!r} is not a number of bytes; unset it or give e.g. 8388608"
+            ) from None
     per_row = (problem.D + problem.M + 1) * problem.np_dtype.itemsize
     return max(256, int(nbytes) // per_row)
-

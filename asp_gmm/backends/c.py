@@ -6,6 +6,7 @@ receives the variant as a function pointer, so a train call can switch variants 
 (the autotuner explores that way) without copying any data. The library variant ``BLAS`` is a cffi
 callback into numpy's matmul.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -62,8 +63,17 @@ def _compiler() -> list:
     return settings().c_compiler()
 
 
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=gnu11", "-fno-math-errno",
-         "-fno-trapping-math", "-ffp-contract=fast"]
+FLAGS = [
+    "-O3",
+    "-march=native",
+    "-fopenmp",
+    "-fPIC",
+    "-shared",
+    "-std=gnu11",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-ffp-contract=fast",
+]
 
 
 @lru_cache(maxsize=1)
@@ -78,8 +88,9 @@ def _cpu() -> dict:
         flags = m.group(1) if m else ""
     except OSError:
         pass
-    isa = sorted(set(flags.split()) & {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl",
-                                        "asimd", "sve", "sse4_2"})
+    isa = sorted(
+        set(flags.split()) & {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "asimd", "sve", "sse4_2"}
+    )
     return {"model": model, "isa": isa, "arch": platform.machine()}
 
 
@@ -92,6 +103,7 @@ class CBackend(Backend):
         reason = self.unavailable_reason()
         if reason:
             from ..errors import BackendUnavailableError
+
             raise BackendUnavailableError(reason)
         self._kernels: dict = {}
         self._cores: dict = {}
@@ -102,8 +114,10 @@ class CBackend(Backend):
         cc = _compiler()
         if not cc or shutil.which(cc[0]) is None:
             where = settings().c_compiler_origin()
-            return (f"the C compiler {(cc or [''])[0]!r} ({where}) was not found; install gcc (apt-get install gcc) "
-                    "or set ASP_GMM_CC to a C compiler")
+            return (
+                f"the C compiler {(cc or [''])[0]!r} ({where}) was not found; install gcc (apt-get install gcc) "
+                "or set ASP_GMM_CC to a C compiler"
+            )
         return None
 
     # ------------------------------------------------------------------ device
@@ -111,8 +125,14 @@ class CBackend(Backend):
         """The CPU (:class:`asp_gmm.tuning_db.devices.CpuFingerprint`): ``threads`` are its hardware
         threads; the threads a call uses (``ASP_GMM_NUM_THREADS``) belong to the run, not the device."""
         cpu = _cpu()
-        return {"backend": "c", "model": cpu["model"], "isa": cpu["isa"], "arch": cpu["arch"],
-                "threads": os.cpu_count() or 1, "compiler": cache.tool_version(_compiler())}
+        return {
+            "backend": "c",
+            "model": cpu["model"],
+            "isa": cpu["isa"],
+            "arch": cpu["arch"],
+            "threads": os.cpu_count() or 1,
+            "compiler": cache.tool_version(_compiler()),
+        }
 
     def run_threads(self, problem: Problem) -> int:
         return threads_for(problem)
@@ -121,8 +141,12 @@ class CBackend(Backend):
     def _context(self, problem: Problem) -> dict:
         f32 = problem.dtype == "float32"
         lanes = 8 if f32 else 4
-        return {"real": "float" if f32 else "double", "lanes": lanes, "tile": 8 * lanes,
-                "cond_limit": COND_LIMIT[problem.dtype]}
+        return {
+            "real": "float" if f32 else "double",
+            "lanes": lanes,
+            "tile": 8 * lanes,
+            "cond_limit": COND_LIMIT[problem.dtype],
+        }
 
     def _build(self, source: str, name: str):
         cc, key = self._build_args()
@@ -188,7 +212,7 @@ class CBackend(Backend):
         self.core(problem)
 
     def prepare_key(self, problem: Problem):
-        return (problem.cvtype, problem.dtype)     # binaries serve every N, D, M
+        return (problem.cvtype, problem.dtype)  # binaries serve every N, D, M
 
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         tun = variant.default_tunables()
@@ -278,8 +302,19 @@ class CSession(Session):
         self.covars = np.zeros((M, D, D) if problem.cvtype == "full" else (M, D))
         self.nk = np.zeros(M)
         p = ffi.from_buffer
-        state = lib.asp_create(p(X), N, D, M, p(self.xt), p(self.resp_t), p(self.logprob_t),
-                               _dptr(self.weights), _dptr(self.means), _dptr(self.covars), _dptr(self.nk))
+        state = lib.asp_create(
+            p(X),
+            N,
+            D,
+            M,
+            p(self.xt),
+            p(self.resp_t),
+            p(self.logprob_t),
+            _dptr(self.weights),
+            _dptr(self.means),
+            _dptr(self.covars),
+            _dptr(self.nk),
+        )
         if state == ffi.NULL:
             raise MemoryError(f"could not allocate the C session for N={N}, D={D}, M={M}")
         self._state = state
@@ -374,15 +409,26 @@ class CSession(Session):
         ll, iters, conv = ffi.new("double *"), ffi.new("int *"), ffi.new("int *")
         moments = _wants_moments(kernel.variant, self.problem)
         self._resp_written = False
-        rc = self._lib.asp_em(self._state, self._fn(kernel), int(moments), int(min_iters), int(max_iters),
-                              float(tol), float(reg_covar), ll, iters, conv, _dptr(it_s), _dptr(cov_s),
-                              _dptr(trace))
+        rc = self._lib.asp_em(
+            self._state,
+            self._fn(kernel),
+            int(moments),
+            int(min_iters),
+            int(max_iters),
+            float(tol),
+            float(reg_covar),
+            ll,
+            iters,
+            conv,
+            _dptr(it_s),
+            _dptr(cov_s),
+            _dptr(trace),
+        )
         self._check(rc, reg_covar)
         self._stale = False
         self._resp_written = not moments
         k = iters[0]
-        return EMRun(float(ll[0]), k, bool(conv[0]), it_s[:k].tolist(), cov_s[:k].tolist(),
-                     trace[:k + 1].tolist())
+        return EMRun(float(ll[0]), k, bool(conv[0]), it_s[:k].tolist(), cov_s[:k].tolist(), trace[: k + 1].tolist())
 
     def _estep(self, need_resp: bool = False):
         if self._stale or (need_resp and not self._resp_written):
@@ -402,8 +448,6 @@ class CSession(Session):
         if want_resp:
             resp = np.ascontiguousarray(self.resp_t.transpose(0, 2, 1).reshape(-1, M)[:N])
         return logprob, resp
-
-
 
 
 def _wants_moments(variant, problem: Problem) -> bool:
@@ -439,21 +483,20 @@ class CStatsRunner(StatsRunner):
         ses, lib = self._session, self._session._lib
         n = X.shape[0]
         ses._check(lib.asp_load(ses._state, ffi.from_buffer(X), n))
-        ses.X = X        # the library (BLAS) variant reads the block's rows
+        ses.X = X  # the library (BLAS) variant reads the block's rows
         ses.problem = dataclasses.replace(self.problem, N=n)
         try:
             lib.asp_set_threads(ses._state, threads_for(ses.problem))
-            ses._check(lib.asp_stats(ses._state, ses._fn(self.kernel), int(self._moments), _dptr(self._out)),
-                       self._reg)
+            ses._check(lib.asp_stats(ses._state, ses._fn(self.kernel), int(self._moments), _dptr(self._out)), self._reg)
         finally:
             ses.problem = self.problem
             ses._stale = True
         M, D = self.problem.M, self.problem.D
         o = self._out
-        nk = o[1:1 + M].copy()
-        sumx = o[1 + M:1 + M + M * D].reshape(M, D).copy()
-        acc = o[1 + M + M * D:].reshape((M, D, D) if self.problem.cvtype == "full" else (M, D)).copy()
-        if self.problem.cvtype == "full":   # the variants write the lower triangle
+        nk = o[1 : 1 + M].copy()
+        sumx = o[1 + M : 1 + M + M * D].reshape(M, D).copy()
+        acc = o[1 + M + M * D :].reshape((M, D, D) if self.problem.cvtype == "full" else (M, D)).copy()
+        if self.problem.cvtype == "full":  # the variants write the lower triangle
             low = np.tril(acc)
             acc = low + np.swapaxes(np.tril(acc, -1), 1, 2)
         return BlockStats(n, float(o[0]), nk, sumx, acc)

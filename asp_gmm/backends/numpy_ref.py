@@ -2,6 +2,7 @@
 
 Slow but always available; results are returned in the problem's dtype like every other backend.
 """
+
 from __future__ import annotations
 
 import platform
@@ -23,8 +24,7 @@ class NumpyBackend(Backend):
         return None
 
     def fingerprint(self) -> dict:
-        return {"backend": "numpy", "numpy": np.__version__, "arch": platform.machine(),
-                "model": platform.processor()}
+        return {"backend": "numpy", "numpy": np.__version__, "arch": platform.machine(), "model": platform.processor()}
 
     def kernel(self, variant, tunables, problem: Problem) -> Kernel:
         return Kernel(variant, dict(tunables or {}))
@@ -58,15 +58,15 @@ class NumpySession(Session):
     def _estep(self, reg_covar=None):
         if self._cache is None:
             try:
-                self._cache = ref.estep(self.X, self.weights, self.means, self.covars, self.problem.cvtype,
-                                        reg_covar)
+                self._cache = ref.estep(self.X, self.weights, self.means, self.covars, self.problem.cvtype, reg_covar)
             except (ref.NotPositiveDefiniteError, ref.NonFiniteError) as exc:
                 raise from_reference(exc) from None
             ll = float(self._cache[0].sum())
             if not np.isfinite(ll):
                 raise NonFiniteError(
                     f"the log-likelihood is not finite ({ll}): increase reg_covar, use fewer components, "
-                    "or scale the data")
+                    "or scale the data"
+                )
         return self._cache
 
     def _em(self, kernel, *, min_iters, max_iters, tol, reg_covar) -> EMRun:
@@ -115,5 +115,6 @@ class NumpyStatsRunner(StatsRunner):
         if not np.isfinite(st.loglik):
             raise NonFiniteError(
                 f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer components, "
-                "or scale the data")
+                "or scale the data"
+            )
         return st

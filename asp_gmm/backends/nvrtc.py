@@ -17,6 +17,7 @@ options, NVRTC's log and the path of the source.
 
 Nothing here imports pycuda or needs a GPU: NVRTC compiles for any ``sm_XY`` on any machine.
 """
+
 from __future__ import annotations
 
 import functools
@@ -43,14 +44,16 @@ HEADERS = {
         "#pragma once\n"
         "#ifndef INFINITY\n#define INFINITY __int_as_float(0x7f800000)\n#endif\n"
         "#ifndef NAN\n#define NAN __int_as_float(0x7fffffff)\n#endif\n"
-        "#ifndef HUGE_VALF\n#define HUGE_VALF INFINITY\n#endif\n"),
+        "#ifndef HUGE_VALF\n#define HUGE_VALF INFINITY\n#endif\n"
+    ),
     "climits": (
         "#pragma once\n"
         "#define CHAR_BIT 8\n#define SCHAR_MIN (-128)\n#define SCHAR_MAX 127\n#define UCHAR_MAX 255\n"
         "#define SHRT_MIN (-32768)\n#define SHRT_MAX 32767\n#define USHRT_MAX 65535\n"
         "#define INT_MIN (-INT_MAX - 1)\n#define INT_MAX 2147483647\n#define UINT_MAX 4294967295U\n"
         "#define LLONG_MIN (-LLONG_MAX - 1LL)\n#define LLONG_MAX 9223372036854775807LL\n"
-        "#define ULLONG_MAX 18446744073709551615ULL\n"),
+        "#define ULLONG_MAX 18446744073709551615ULL\n"
+    ),
 }
 PRELUDE = "asp_gmm_nvrtc_prelude.h"
 
@@ -67,8 +70,10 @@ def _bindings():
     try:
         err, major, minor = nvrtc.nvrtcVersion()
     except Exception as exc:  # noqa: BLE001 - the library itself is missing or unloadable
-        return (f"the NVRTC library cannot be loaded ({exc}); pip install 'nvidia-cuda-nvrtc' (matching the "
-                "CUDA major version of cuda-bindings) or install the CUDA toolkit")
+        return (
+            f"the NVRTC library cannot be loaded ({exc}); pip install 'nvidia-cuda-nvrtc' (matching the "
+            "CUDA major version of cuda-bindings) or install the CUDA toolkit"
+        )
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         return f"the NVRTC library does not answer ({err})"
     return nvrtc
@@ -87,6 +92,7 @@ def available() -> bool:
 def disabled() -> bool:
     """``ASP_GMM_NVRTC=0`` sends every compile to nvcc (comparisons, a broken NVRTC)."""
     from ..config import settings
+
     return not settings().nvrtc
 
 
@@ -102,6 +108,7 @@ def _require():
     b = _bindings()
     if isinstance(b, str):
         from ..errors import BackendUnavailableError
+
         raise BackendUnavailableError(b)
     return b
 
@@ -121,6 +128,7 @@ def include_dirs() -> tuple:
             out.append(os.path.join(h, "include"))
     try:
         from cuda import pathfinder
+
         found = pathfinder.find_nvidia_header_directory("cudart")
         if found:
             out.append(found)
@@ -137,12 +145,12 @@ def include_dirs() -> tuple:
 
 def options(arch: str) -> list:
     """The full option list for ``arch`` (e.g. "sm_90"): architecture, :data:`OPTIONS`, includes."""
-    return ([f"--gpu-architecture={arch}", *OPTIONS, f"--pre-include={PRELUDE}"]
-            + [f"-I{d}" for d in include_dirs()])
+    return [f"--gpu-architecture={arch}", *OPTIONS, f"--pre-include={PRELUDE}"] + [f"-I{d}" for d in include_dirs()]
 
 
-def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str = "",
-                  extra_options=(), with_log: bool = False):
+def compile_cubin(
+    source: str, arch: str, name: str = "kernel", source_path: str = "", extra_options=(), with_log: bool = False
+):
     """The cubin of ``source`` for ``arch``, compiled in this process.
 
     Parameters
@@ -177,8 +185,13 @@ def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str
     cmd = ["nvrtc", *opts]
     ok = nv.nvrtcResult.NVRTC_SUCCESS
     names = list(HEADERS)
-    err, prog = nv.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), len(names),
-                                      [HEADERS[n].encode() for n in names], [n.encode() for n in names])
+    err, prog = nv.nvrtcCreateProgram(
+        source.encode(),
+        f"{name}.cu".encode(),
+        len(names),
+        [HEADERS[n].encode() for n in names],
+        [n.encode() for n in names],
+    )
     if err != ok:
         raise CompileError(cmd, f"nvrtcCreateProgram failed: {err}", source_path, name)
     try:
@@ -188,14 +201,21 @@ def compile_cubin(source: str, arch: str, name: str = "kernel", source_path: str
         if err != ok:
             hint = ""
             if "cannot open source file" in logtext:
-                hint = ("\n(a header was not found in " + (", ".join(include_dirs()) or "no CUDA include folder")
-                        + ": set CUDA_HOME to the CUDA toolkit, pip install 'nvidia-cuda-runtime', or set "
-                          "ASP_GMM_NVRTC=0 to compile with nvcc)")
+                hint = (
+                    "\n(a header was not found in "
+                    + (", ".join(include_dirs()) or "no CUDA include folder")
+                    + ": set CUDA_HOME to the CUDA toolkit, pip install 'nvidia-cuda-runtime', or set "
+                    "ASP_GMM_NVRTC=0 to compile with nvcc)"
+                )
             raise CompileError(cmd, f"{err}\n{logtext}{hint}", source_path, name)
         e2, size = nv.nvrtcGetCUBINSize(prog)
         if e2 != ok or size == 0:
-            raise CompileError(cmd, f"NVRTC produced no cubin ({e2}); is {arch!r} a real architecture "
-                                    f"(sm_XY, not compute_XY)?\n{logtext}", source_path, name)
+            raise CompileError(
+                cmd,
+                f"NVRTC produced no cubin ({e2}); is {arch!r} a real architecture (sm_XY, not compute_XY)?\n{logtext}",
+                source_path,
+                name,
+            )
         buf = bytearray(size)
         (e3,) = nv.nvrtcGetCUBIN(prog, buf)
         if e3 != ok:
@@ -254,11 +274,20 @@ def build_cubin(source: str, arch: str, name: str):
     """Path of the cubin of ``source`` for ``arch`` from the compile cache, compiled with NVRTC in this
     process when missing (the cache's lock, trust checks, logging and notice apply as for nvcc)."""
     from .. import cache
-    return cache.build(source, ".cubin", lambda src, out: ["nvrtc", *options(arch), src], key_parts(arch), name,
-                       source_suffix=".cu", produce=lambda text, path: compile_cubin(text, arch, name, path))
+
+    return cache.build(
+        source,
+        ".cubin",
+        lambda src, out: ["nvrtc", *options(arch), src],
+        key_parts(arch),
+        name,
+        source_suffix=".cu",
+        produce=lambda text, path: compile_cubin(text, arch, name, path),
+    )
 
 
 def lookup_cubin(source: str, arch: str, name: str):
     """Path of the cached NVRTC cubin of ``source`` for ``arch``, or ``None``."""
     from .. import cache
+
     return cache.lookup(source, ".cubin", key_parts(arch), name, source_suffix=".cu")

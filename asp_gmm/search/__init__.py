@@ -19,6 +19,7 @@ It returns the combinations to measure next, most promising first; an empty list
 search has converged (nothing left that the strategy would try). Strategies must be
 deterministic: the same inputs give the same proposals (tests replay committed histories).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -62,6 +63,5 @@ def get(name: str | None = None):
     name = name or DEFAULT
     mod = STRATEGIES.get(name)
     if mod is None:
-        raise UnknownStrategyError(
-            f"unknown search strategy {name!r}; choose one of {', '.join(sorted(STRATEGIES))}")
+        raise UnknownStrategyError(f"unknown search strategy {name!r}; choose one of {', '.join(sorted(STRATEGIES))}")
     return importlib.import_module(mod).STRATEGY

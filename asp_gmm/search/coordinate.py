@@ -7,6 +7,7 @@ sweep, instead of v ** k: the C backend's V4 (3 x 3 values) converges in 5-7 mea
 rather than 9, VD likewise; a tunable whose effect does not depend much on the others (block
 counts, chunk sizes: their optimum moves with the shape, not with each other) is found exactly.
 """
+
 from __future__ import annotations
 
 from . import key
@@ -28,7 +29,7 @@ class Coordinate:
                 return missing[:limit]
             nxt = min(moves, key=lambda m: measured[key(m)], default=None)
             if nxt is None or measured[key(nxt)] >= measured[key(best)] or key(nxt) in seen:
-                return []           # converged: no single change is faster
+                return []  # converged: no single change is faster
             best = nxt
             seen.add(key(best))
 

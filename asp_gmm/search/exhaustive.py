@@ -3,6 +3,7 @@
 The reference the cheaper strategies are judged against (``benchmarks/selection.py`` reports the
 oracle gain from it); ``asp-gmm tune --tunables`` measures the same set.
 """
+
 from __future__ import annotations
 
 from . import all_combinations, key

@@ -47,6 +47,7 @@ extra training (``bic_iters``, 3) than the fit.
 The same code runs on asp_gmm's specialised backends (``from asp_gmm import GMM,
 compute_distance_BIC``) and on scikit-learn through ``sklearn_gmm`` (the same API).
 """
+
 from __future__ import annotations
 
 import time
@@ -59,35 +60,35 @@ from features import DiarizationError
 
 @dataclass
 class ClusterParams:
-    n_init: int = 16            # initial clusters
-    n_components: int = 8       # components per model
-    seg_len: int = 150          # majority-vote length, frames (1.5 s; the seed: 250)
-    em_iters: int = 3           # EM iterations per train() (cluster retraining)
+    n_init: int = 16  # initial clusters
+    n_components: int = 8  # components per model
+    seg_len: int = 150  # majority-vote length, frames (1.5 s; the seed: 250)
+    em_iters: int = 3  # EM iterations per train() (cluster retraining)
     cvtype: str = "diag"
-    seg_loops_init: int = 2     # resegmentations before the first merge round
-    seg_loops: int = 3          # resegmentations before every merge round
-    reg_covar: float = 1e-3     # features are unit-variance: a small floor keeps full covars sane
-    vote: str = "sliding"       # "block": fixed blocks (seed); "sliding": window centred on each frame
+    seg_loops_init: int = 2  # resegmentations before the first merge round
+    seg_loops: int = 3  # resegmentations before every merge round
+    reg_covar: float = 1e-3  # features are unit-variance: a small floor keeps full covars sane
+    vote: str = "sliding"  # "block": fixed blocks (seed); "sliding": window centred on each frame
     frames_per_component: int = 200  # > 0: a cluster's Gaussians follow its data, n_k / this
-    max_model_components: int = 8    # ... between n_components and this (equal: fixed size);
-                                     # 0: as the seed (merged models keep M1+M2)
-    fixed_init: bool = True     # no growth during the first seg_loops_init resegmentations
-    n_jobs: int = 1             # independent GMM calls (clusters, pairs) run on this many threads
+    max_model_components: int = 8  # ... between n_components and this (equal: fixed size);
+    # 0: as the seed (merged models keep M1+M2)
+    fixed_init: bool = True  # no growth during the first seg_loops_init resegmentations
+    n_jobs: int = 1  # independent GMM calls (clusters, pairs) run on this many threads
     dtype: type = np.float32
-    merge_rule: str = "relative"    # "relative" (module docstring), "bic": while the score > 0
-                                    # (the seed), "per-frame": while score / frames > merge_threshold
+    merge_rule: str = "relative"  # "relative" (module docstring), "bic": while the score > 0
+    # (the seed), "per-frame": while score / frames > merge_threshold
     relative_threshold: float = 0.49
-    scale_pct: float = 90.0         # the scale's percentiles: this one and 100 - this one
+    scale_pct: float = 90.0  # the scale's percentiles: this one and 100 - this one
     merge_threshold: float = -0.15  # for "per-frame" (nats per frame)
-    pre_iters: int = 5              # EM iterations of every cluster model before scoring pairs
-    bic_iters: int = 0              # EM iterations of a merged model (0: em_iters)
-    n_speakers: int = 0             # > 0: merge down to this many clusters (known speaker count)
-    cosine_threshold: float = -0.2   # no merge of a best pair whose supervectors' cosine is under
-                                     # this (-1 or less: no check)
-    ubm_components: int = 12        # the cosine's background model: Gaussians,
-    ubm_iters: int = 10             # ... its EM iterations,
-    relevance: float = 16.0         # ... and the MAP relevance factor of the cluster means
-    cosine_min_frames: int = 500    # ... checked only when both clusters hold this many frames
+    pre_iters: int = 5  # EM iterations of every cluster model before scoring pairs
+    bic_iters: int = 0  # EM iterations of a merged model (0: em_iters)
+    n_speakers: int = 0  # > 0: merge down to this many clusters (known speaker count)
+    cosine_threshold: float = -0.2  # no merge of a best pair whose supervectors' cosine is under
+    # this (-1 or less: no check)
+    ubm_components: int = 12  # the cosine's background model: Gaussians,
+    ubm_iters: int = 10  # ... its EM iterations,
+    relevance: float = 16.0  # ... and the MAP relevance factor of the cluster means
+    cosine_min_frames: int = 500  # ... checked only when both clusters hold this many frames
 
     @property
     def max_components(self) -> int:
@@ -101,6 +102,7 @@ class ClusterParams:
 @dataclass
 class Profile:
     """Wall time spent in GMM calls by kind; 'other' is everything else in the clustering."""
+
     seconds: dict = field(default_factory=lambda: {"train": 0.0, "score": 0.0, "bic": 0.0})
     calls: dict = field(default_factory=lambda: {"train": 0, "score": 0, "bic": 0})
     total: float = 0.0
@@ -123,6 +125,7 @@ class Backend:
         self.name = name
         if name == "sklearn":
             import sklearn_gmm as api
+
             self._GMM, self._bic = api.GMM, api.compute_distance_BIC
             self._prepare = None
             self._freeze = None
@@ -135,11 +138,14 @@ class Backend:
                     # Run from a source checkout without installing: the package is two levels up.
                     import sys
                     from pathlib import Path
+
                     sys.path.append(str(Path(__file__).resolve().parents[2]))
                     from asp_gmm import GMM, compute_distance_BIC, freeze, prepare
             except ImportError as e:
-                raise DiarizationError(f"backend {name!r} needs the asp_gmm package ({e}); "
-                                       "install it (pip install -e .) or use --backend sklearn") from None
+                raise DiarizationError(
+                    f"backend {name!r} needs the asp_gmm package ({e}); "
+                    "install it (pip install -e .) or use --backend sklearn"
+                ) from None
             self._GMM, self._bic, self._prepare, self._freeze = GMM, compute_distance_BIC, prepare, freeze
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
@@ -205,12 +211,12 @@ def sliding_majority(frame_best: np.ndarray, n_clusters: int, width: int) -> np.
     placed where the majority flips instead of at the nearest block edge. Windows near the ends are
     shifted inside so that every window holds ``width`` frames (all frames when fewer)."""
     n = len(frame_best)
-    onehot = frame_best == np.arange(n_clusters, dtype=frame_best.dtype)[:, None]   # (k, n) bool
+    onehot = frame_best == np.arange(n_clusters, dtype=frame_best.dtype)[:, None]  # (k, n) bool
     c = np.zeros((n_clusters, n + 1), np.int32)
     np.cumsum(onehot, axis=1, dtype=np.int32, out=c[:, 1:])
     w = min(width, n)
     # window j covers frames [j, j + w); frame i votes in window clip(i - width // 2, 0, n - w)
-    winner = _row_argmax(c[:, w:] - c[:, :n - w + 1])
+    winner = _row_argmax(c[:, w:] - c[:, : n - w + 1])
     return winner[np.clip(np.arange(n) - width // 2, 0, n - w)]
 
 
@@ -232,9 +238,9 @@ def sliding_vote(loglik: np.ndarray, width: int) -> np.ndarray:
         return _row_argmax(c[:, hi] - c[:, lo])
     # frame i sums [max(i - h, 0), min(i - h + width, n)): cut windows at both ends, full ones
     # (contiguous slices, no gathers) for frames h .. n - width + h
-    head = c[:, width - h:width] - c[:, :1]
-    body = c[:, width:] - c[:, :n - width + 1]
-    tail = c[:, n:] - c[:, n - width + 1:n - h]
+    head = c[:, width - h : width] - c[:, :1]
+    body = c[:, width:] - c[:, : n - width + 1]
+    tail = c[:, n:] - c[:, n - width + 1 : n - h]
     return _row_argmax(np.concatenate([head, body, tail], axis=1))
 
 
@@ -250,8 +256,7 @@ class Clusterer:
     release the GIL, and the results are gathered in the same order as the serial loops, so the
     outcome does not depend on n_jobs."""
 
-    def __init__(self, X: np.ndarray, backend: Backend, params: ClusterParams, log=None, seed=0,
-                 on_round=None):
+    def __init__(self, X: np.ndarray, backend: Backend, params: ClusterParams, log=None, seed=0, on_round=None):
         # Immutable data is checked once and may stay on the GPU between calls (asp_gmm's CUDA
         # backend keeps it resident): every cluster model scores the same frames in each resegmentation.
         self.X = backend.freeze(np.array(X, dtype=params.dtype, order="C"))
@@ -260,19 +265,20 @@ class Clusterer:
         self.log = log or (lambda *a: None)
         self.prof = Profile()
         self.seed = seed
-        self.on_round = on_round    # called with the clusterer after every merge round's scores
-        self.trace_cosine = on_round is not None   # the best pair's cosine, even with no check
-        self._bg = None             # the background model of the cosine check (_background)
-        self.scale = None   # (0-point, unit) of the relative merge score, set in the first round
+        self.on_round = on_round  # called with the clusterer after every merge round's scores
+        self.trace_cosine = on_round is not None  # the best pair's cosine, even with no check
+        self._bg = None  # the background model of the cosine check (_background)
+        self.scale = None  # (0-point, unit) of the relative merge score, set in the first round
         self._pool = None
         if params.n_jobs > 1:
             from concurrent.futures import ThreadPoolExecutor
+
             self._pool = ThreadPoolExecutor(params.n_jobs)
         n = len(self.X)
         if n < params.seg_len:
             raise DiarizationError(
-                f"only {n / 100:.2f} s of speech; need at least one voting segment "
-                f"({params.seg_len / 100:.2f} s)")
+                f"only {n / 100:.2f} s of speech; need at least one voting segment ({params.seg_len / 100:.2f} s)"
+            )
 
     def _map(self, kind, fn, items):
         """[fn(*item) for item in items], on the pool when there is one; timed as ``kind``."""
@@ -287,8 +293,9 @@ class Clusterer:
 
     def _train_all(self, gmms, datas):
         it = self.p.em_iters
-        return self._map("train", lambda g, X: float(g.train(X, min_em_iters=it, max_em_iters=it)),
-                         list(zip(gmms, datas)))
+        return self._map(
+            "train", lambda g, X: float(g.train(X, min_em_iters=it, max_em_iters=it)), list(zip(gmms, datas))
+        )
 
     def _loglik(self):
         """(k, n) per-cluster log-likelihoods of every frame (a row per cluster: the votes walk
@@ -321,10 +328,10 @@ class Clusterer:
         labels = remap[labels]
         self.gmms = [self.gmms[i] for i in alive]
         # One stable sort gives every cluster a contiguous slice of the frames.
-        order = np.argsort(labels.astype(np.int16), kind="stable")   # radix sort for 16-bit keys
+        order = np.argsort(labels.astype(np.int16), kind="stable")  # radix sort for 16-bit keys
         Xs = self.X[order]
         edges = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=len(alive)))])
-        self.data = [Xs[edges[i]:edges[i + 1]] for i in range(len(alive))]
+        self.data = [Xs[edges[i] : edges[i + 1]] for i in range(len(alive))]
         if self.p.frames_per_component > 0 and self.p.max_model_components > 0 and self._grow:
             self.gmms = [self._resize(g, len(d)) for g, d in zip(self.gmms, self.data)]
         self.ll = self._train_all(self.gmms, self.data)
@@ -336,8 +343,10 @@ class Clusterer:
         p, n, D = self.p, len(self.X), self.X.shape[1]
         K = max(1, min(p.n_init, n // p.seg_len))
         bounds = np.linspace(0, n, K + 1).round().astype(int)
-        self.gmms = [self.be.GMM(p.n_components, D, cvtype=p.cvtype, dtype=p.dtype,
-                                 reg_covar=p.reg_covar, seed=self.seed + k) for k in range(K)]
+        self.gmms = [
+            self.be.GMM(p.n_components, D, cvtype=p.cvtype, dtype=p.dtype, reg_covar=p.reg_covar, seed=self.seed + k)
+            for k in range(K)
+        ]
         self._train_all(self.gmms, [self.X[a:b] for a, b in zip(bounds[:-1], bounds[1:])])
         # The first resegmentations keep the initial model size: a cluster that starts with two
         # speakers must not get the Gaussians to hold both before purer clusters take its frames.
@@ -345,9 +354,9 @@ class Clusterer:
         for _ in range(p.seg_loops_init):
             self.resegment()
         self._grow = True
-        history = self.history = []   # (clusters, best score, merged pair or None) per round
+        history = self.history = []  # (clusters, best score, merged pair or None) per round
         self.pair_cosines = []
-        self.rounds = []   # (clusters, their sizes, per-frame score of every pair) per round
+        self.rounds = []  # (clusters, their sizes, per-frame score of every pair) per round
         while True:
             for _ in range(p.seg_loops):
                 self.resegment()
@@ -361,17 +370,18 @@ class Clusterer:
                 # bring every cluster model closer to convergence on its own frames, so that a
                 # merged model's extra EM iterations are not mistaken for a better fit
                 it = p.pre_iters
-                self._map("train", lambda g, X: g.train(X, min_em_iters=it, max_em_iters=it),
-                          list(zip(self.gmms, self.data)))
+                self._map(
+                    "train", lambda g, X: g.train(X, min_em_iters=it, max_em_iters=it), list(zip(self.gmms, self.data))
+                )
             bic_iters = p.bic_iters or p.em_iters
 
             def score_pair(i, j):
                 Xij = np.concatenate([self.data[i], self.data[j]])
                 return self.be.bic(self.gmms[i], self.gmms[j], Xij, bic_iters)
+
             results = self._map("bic", score_pair, pairs)
             # gain of every merge per frame of the pair
-            pf = np.array([sc / (len(self.data[i]) + len(self.data[j]))
-                           for (i, j), (_, sc) in zip(pairs, results)])
+            pf = np.array([sc / (len(self.data[i]) + len(self.data[j])) for (i, j), (_, sc) in zip(pairs, results)])
             self.rounds.append((k, [len(d) for d in self.data], pf))
             if p.merge_rule == "relative":
                 if self.scale is None:
@@ -401,9 +411,11 @@ class Clusterer:
             elif cos < p.cosine_threshold:
                 best_pair = None
             history.append((k, best, best_pair))
-            self.log(f"  {k:2d} clusters, sizes {[len(d) for d in self.data]}, "
-                     f"components {[_n_components(g) for g in self.gmms]}, best pair {best_pair} "
-                     f"score {best:.2f}, cosine {cos:.2f}")
+            self.log(
+                f"  {k:2d} clusters, sizes {[len(d) for d in self.data]}, "
+                f"components {[_n_components(g) for g in self.gmms]}, best pair {best_pair} "
+                f"score {best:.2f}, cosine {cos:.2f}"
+            )
             if self.on_round is not None:
                 self.on_round(self)
             if best_pair is None:
@@ -411,7 +423,8 @@ class Clusterer:
             i, j = best_pair
             self.gmms = [g for t, g in enumerate(self.gmms) if t not in (i, j)] + [best_model]
             self.data = [d for t, d in enumerate(self.data) if t not in (i, j)] + [
-                np.concatenate([self.data[i], self.data[j]])]
+                np.concatenate([self.data[i], self.data[j]])
+            ]
             self.prof.merges += 1
         self.prof.total = time.perf_counter() - t_start
         if self._pool is not None:
@@ -430,15 +443,19 @@ class Clusterer:
             # its own fixed seed: the cosine then does not change with --seed (seeds 0-4 on the
             # development set, cosine threshold -0.22, every cluster checked: real-set mean DER
             # 20.0-21.8 % instead of 20.3-28.1 %)
-            ubm = self.be.GMM(M, self.X.shape[1], cvtype="diag", dtype=p.dtype,
-                              reg_covar=p.reg_covar, seed=0)
+            ubm = self.be.GMM(M, self.X.shape[1], cvtype="diag", dtype=p.dtype, reg_covar=p.reg_covar, seed=0)
             ubm.train(self.X, min_em_iters=p.ubm_iters, max_em_iters=p.ubm_iters)
             _, post = ubm.eval(self.X)
             self.prof.add("train", t0)
             sd = np.sqrt(np.maximum(np.asarray(ubm.covars, np.float64), 1e-10))
             # a plain float64 copy of the frames: indexing the frozen array is slower
-            self._bg = (np.asarray(ubm.means, np.float64), sd, np.asarray(ubm.weights, np.float64),
-                        np.ascontiguousarray(post, np.float64), np.array(self.X, np.float64))
+            self._bg = (
+                np.asarray(ubm.means, np.float64),
+                sd,
+                np.asarray(ubm.weights, np.float64),
+                np.ascontiguousarray(post, np.float64),
+                np.array(self.X, np.float64),
+            )
         return self._bg
 
     def supervectors(self, labels: np.ndarray, clusters) -> np.ndarray:
@@ -468,8 +485,9 @@ class Clusterer:
         data per Gaussian): grow by splitting the heaviest components, shrink by dropping the
         lightest. A merged model keeps M1+M2 as long as its data supports them."""
         p = self.p
-        target = int(np.clip(round(n / p.frames_per_component), p.n_components,
-                             max(p.n_components, p.max_model_components)))
+        target = int(
+            np.clip(round(n / p.frames_per_component), p.n_components, max(p.n_components, p.max_model_components))
+        )
         m = _n_components(g)
         if target == m or (target > m and target - m < max(1, m // 4)):
             return g  # hysteresis: small growth is not worth a new model
@@ -486,23 +504,39 @@ class Clusterer:
             d[int(np.argmax(var))] = 0.5 * np.sqrt(var.max())
             mu = np.vstack([mu, mu[c] + d])
             mu[c] = mu[c] - d
-            cov = np.concatenate([cov, cov[c:c + 1]])
+            cov = np.concatenate([cov, cov[c : c + 1]])
             w[c] *= 0.5
             w = np.append(w, w[c])
-        return self.be.GMM(len(w), self.X.shape[1], means=mu, covars=cov, weights=w / w.sum(),
-                           cvtype=p.cvtype, dtype=p.dtype, reg_covar=p.reg_covar)
+        return self.be.GMM(
+            len(w),
+            self.X.shape[1],
+            means=mu,
+            covars=cov,
+            weights=w / w.sum(),
+            cvtype=p.cvtype,
+            dtype=p.dtype,
+            reg_covar=p.reg_covar,
+        )
 
     def _reduce(self, g, m):
         """A model with the m heaviest components of g (weights renormalised); it is retrained
         on the cluster's frames by the next resegmentation."""
         w = np.asarray(g.weights, np.float64)
         keep = np.sort(np.argsort(w)[::-1][:m])
-        return self.be.GMM(m, self.X.shape[1], means=np.asarray(g.means)[keep],
-                           covars=np.asarray(g.covars)[keep], weights=w[keep] / w[keep].sum(),
-                           cvtype=self.p.cvtype, dtype=self.p.dtype, reg_covar=self.p.reg_covar)
+        return self.be.GMM(
+            m,
+            self.X.shape[1],
+            means=np.asarray(g.means)[keep],
+            covars=np.asarray(g.covars)[keep],
+            weights=w[keep] / w[keep].sum(),
+            cvtype=self.p.cvtype,
+            dtype=self.p.dtype,
+            reg_covar=self.p.reg_covar,
+        )
 
-    def final_labels(self, mode: str = "viterbi", width: int | None = None, penalty: float = 40.0,
-                     min_run: int = 30, block: int = 5):
+    def final_labels(
+        self, mode: str = "viterbi", width: int | None = None, penalty: float = 40.0, min_run: int = 30, block: int = 5
+    ):
         """Labels of the final models: 'viterbi' = every frame scored under every final model and
         decoded with a cost per speaker change and a minimum run (reseg.py), 'sliding' = a centred
         sliding-window vote, 'block' = the seed's last block vote (no rescoring)."""
@@ -512,6 +546,7 @@ class Clusterer:
         ll = self._loglik()
         if mode == "viterbi":
             from reseg import resegment
+
             out = resegment(ll.astype(np.float64), block=block, penalty=penalty, min_run=min_run)
         else:
             out = sliding_vote(ll, width or self.p.seg_len)

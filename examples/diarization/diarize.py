@@ -27,11 +27,12 @@ Try it on the bundled meeting:
     python examples/diarization/diarize.py examples/diarization/data/meeting.flac \
         --ref examples/diarization/data/meeting.rttm --rttm /tmp/meeting.rttm
 """
+
 from __future__ import annotations
 
 import time
 
-_T_SCRIPT = time.perf_counter()   # first statement: the end-to-end clock's fallback start
+_T_SCRIPT = time.perf_counter()  # first statement: the end-to-end clock's fallback start
 
 import argparse  # noqa: E402
 import os  # noqa: E402
@@ -72,82 +73,144 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
 
 def build_parser():
     ap = argparse.ArgumentParser(
-        prog="diarize.py", description="Speaker diarization with Gaussian mixture models (asp_gmm).",
-        formatter_class=_Formatter)
+        prog="diarize.py",
+        description="Speaker diarization with Gaussian mixture models (asp_gmm).",
+        formatter_class=_Formatter,
+    )
     ap.add_argument("audio", help="input audio (WAV, FLAC, ...)")
     ap.add_argument("--rttm", required=True, help="output RTTM (required)")
     ap.add_argument("--ref", help="reference RTTM: print the DER")
-    ap.add_argument("--backend", default="auto", choices=["auto", "c", "cuda", "numpy", "sklearn"],
-                    help="GMM implementation; auto = asp_gmm's best, or scikit-learn without asp_gmm")
+    ap.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "c", "cuda", "numpy", "sklearn"],
+        help="GMM implementation; auto = asp_gmm's best, or scikit-learn without asp_gmm",
+    )
     ap.add_argument("--plot", help="write a PNG timeline of reference and hypothesis speakers")
-    ap.add_argument("--speakers", type=int, default=0,
-                    help="the number of speakers when it is known (0: found by the stopping rule)")
+    ap.add_argument(
+        "--speakers",
+        type=int,
+        default=0,
+        help="the number of speakers when it is known (0: found by the stopping rule)",
+    )
     s = ap.add_argument_group("speech activity")
-    s.add_argument("--sad", default="gmm", choices=["gmm", "energy"],
-                   help="GMM speech/non-speech models bootstrapped from energy, or energy alone")
-    s.add_argument("--vad-threshold", type=float, default=0.35,
-                   help="energy detector: threshold between noise floor (0) and speech level (1)")
+    s.add_argument(
+        "--sad",
+        default="gmm",
+        choices=["gmm", "energy"],
+        help="GMM speech/non-speech models bootstrapped from energy, or energy alone",
+    )
+    s.add_argument(
+        "--vad-threshold",
+        type=float,
+        default=0.35,
+        help="energy detector: threshold between noise floor (0) and speech level (1)",
+    )
     g = ap.add_argument_group("clustering")
-    g.add_argument("--first-cep", type=int, default=0, choices=[0, 1],
-                   help="features: cepstra from this one to c19 (0: with the level c0)")
+    g.add_argument(
+        "--first-cep",
+        type=int,
+        default=0,
+        choices=[0, 1],
+        help="features: cepstra from this one to c19 (0: with the level c0)",
+    )
     g.add_argument("--clusters", type=int, default=16, help="initial clusters")
     g.add_argument("--components", type=int, default=8, help="Gaussians per cluster model")
-    g.add_argument("--segment", type=int, default=150,
-                   help="majority-vote length, frames of 10 ms (the seed: 250)")
+    g.add_argument("--segment", type=int, default=150, help="majority-vote length, frames of 10 ms (the seed: 250)")
     g.add_argument("--em-iters", type=int, default=3, help="EM iterations per retraining")
     g.add_argument("--cvtype", default="diag", choices=["diag", "full"], help="covariance type")
     g.add_argument("--seg-loops-init", type=int, default=2, help="resegmentations before merging")
     g.add_argument("--seg-loops", type=int, default=3, help="resegmentations per merge round")
     g.add_argument("--reg-covar", type=float, default=1e-3, help="covariance floor")
-    g.add_argument("--vote", default="sliding", choices=["sliding", "block"],
-                   help="resegmentation vote: fixed blocks of --segment frames (the seed) or a "
-                        "window of --segment frames centred on every frame")
-    g.add_argument("--frames-per-component", type=int, default=200,
-                   help="a cluster's Gaussians follow its data, frames/this, between --components "
-                        "and --max-model-components (0: merged models keep M1+M2 as the seed)")
-    g.add_argument("--max-model-components", type=int, default=8,
-                   help="most Gaussians a cluster model gets (equal to --components: fixed size)")
-    g.add_argument("--merge-rule", default="relative", choices=["relative", "per-frame", "bic"],
-                   help="stop merging when the best pair's gain per frame, on the recording's "
-                        "scale, is under --relative-threshold (relative); when the gain per frame "
-                        "is under --merge-threshold (per-frame); when the BIC score is <= 0 (bic, "
-                        "the seed)")
-    g.add_argument("--relative-threshold", type=float, default=0.49,
-                   help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
-                        "speaker's (first merge round); chosen on the development recordings")
-    g.add_argument("--cosine-threshold", type=float, default=-0.2,
-                   help="no merge of a pair whose supervectors (the recording's background GMM "
-                        "adapted to each cluster) have a cosine under this; -1: no check")
-    g.add_argument("--ubm-components", type=int, default=12,
-                   help="Gaussians of the background GMM of the cosine check")
-    g.add_argument("--cosine-min-speech", type=float, default=5.0,
-                   help="the cosine check applies when both clusters hold this much speech (s)")
-    g.add_argument("--relevance", type=float, default=16.0,
-                   help="MAP relevance factor of the cluster supervectors")
-    g.add_argument("--merge-threshold", type=float, default=-0.15,
-                   help="per-frame rule: nats per frame")
-    g.add_argument("--pre-iters", type=int, default=5,
-                   help="EM iterations of every cluster model before the pairs are scored")
-    g.add_argument("--bic-iters", type=int, default=0,
-                   help="EM iterations of a merged model (0: --em-iters)")
+    g.add_argument(
+        "--vote",
+        default="sliding",
+        choices=["sliding", "block"],
+        help="resegmentation vote: fixed blocks of --segment frames (the seed) or a "
+        "window of --segment frames centred on every frame",
+    )
+    g.add_argument(
+        "--frames-per-component",
+        type=int,
+        default=200,
+        help="a cluster's Gaussians follow its data, frames/this, between --components "
+        "and --max-model-components (0: merged models keep M1+M2 as the seed)",
+    )
+    g.add_argument(
+        "--max-model-components",
+        type=int,
+        default=8,
+        help="most Gaussians a cluster model gets (equal to --components: fixed size)",
+    )
+    g.add_argument(
+        "--merge-rule",
+        default="relative",
+        choices=["relative", "per-frame", "bic"],
+        help="stop merging when the best pair's gain per frame, on the recording's "
+        "scale, is under --relative-threshold (relative); when the gain per frame "
+        "is under --merge-threshold (per-frame); when the BIC score is <= 0 (bic, "
+        "the seed)",
+    )
+    g.add_argument(
+        "--relative-threshold",
+        type=float,
+        default=0.49,
+        help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
+        "speaker's (first merge round); chosen on the development recordings",
+    )
+    g.add_argument(
+        "--cosine-threshold",
+        type=float,
+        default=-0.2,
+        help="no merge of a pair whose supervectors (the recording's background GMM "
+        "adapted to each cluster) have a cosine under this; -1: no check",
+    )
+    g.add_argument("--ubm-components", type=int, default=12, help="Gaussians of the background GMM of the cosine check")
+    g.add_argument(
+        "--cosine-min-speech",
+        type=float,
+        default=5.0,
+        help="the cosine check applies when both clusters hold this much speech (s)",
+    )
+    g.add_argument("--relevance", type=float, default=16.0, help="MAP relevance factor of the cluster supervectors")
+    g.add_argument("--merge-threshold", type=float, default=-0.15, help="per-frame rule: nats per frame")
+    g.add_argument(
+        "--pre-iters", type=int, default=5, help="EM iterations of every cluster model before the pairs are scored"
+    )
+    g.add_argument("--bic-iters", type=int, default=0, help="EM iterations of a merged model (0: --em-iters)")
     o = ap.add_argument_group("output")
-    o.add_argument("--final", default="viterbi", choices=["viterbi", "sliding", "block"],
-                   help="final labels: Viterbi resegmentation with the final models, their "
-                        "sliding-window vote, or the seed's last block vote")
-    o.add_argument("--penalty", type=float, default=40.0,
-                   help="Viterbi: cost of a change of speaker (nats)")
-    o.add_argument("--min-run", type=float, default=0.3,
-                   help="Viterbi: shortest speaker run (s of speech)")
-    o.add_argument("--merge-gap", type=float, default=0.5,
-                   help="join same-speaker segments separated by a pause shorter than this (s)")
-    o.add_argument("--min-segment", type=float, default=0.2,
-                   help="shortest segment written (s): shorter ones join a neighbour or are dropped")
-    ap.add_argument("--jobs", type=int, default=0,
-                    help="threads for independent GMM calls (clusters, BIC pairs); 0: one per CPU "
-                         "core on asp_gmm's CPU backends (each call then runs on one thread), "
-                         "1 on CUDA and scikit-learn")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="seed of the initial cluster models (random distinct frames as means)")
+    o.add_argument(
+        "--final",
+        default="viterbi",
+        choices=["viterbi", "sliding", "block"],
+        help="final labels: Viterbi resegmentation with the final models, their "
+        "sliding-window vote, or the seed's last block vote",
+    )
+    o.add_argument("--penalty", type=float, default=40.0, help="Viterbi: cost of a change of speaker (nats)")
+    o.add_argument("--min-run", type=float, default=0.3, help="Viterbi: shortest speaker run (s of speech)")
+    o.add_argument(
+        "--merge-gap",
+        type=float,
+        default=0.5,
+        help="join same-speaker segments separated by a pause shorter than this (s)",
+    )
+    o.add_argument(
+        "--min-segment",
+        type=float,
+        default=0.2,
+        help="shortest segment written (s): shorter ones join a neighbour or are dropped",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="threads for independent GMM calls (clusters, BIC pairs); 0: one per CPU "
+        "core on asp_gmm's CPU backends (each call then runs on one thread), "
+        "1 on CUDA and scikit-learn",
+    )
+    ap.add_argument(
+        "--seed", type=int, default=0, help="seed of the initial cluster models (random distinct frames as means)"
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="print every merge round")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     return ap
@@ -159,21 +222,24 @@ def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
     import numpy as np
     import scipy.fft  # noqa: F401  (the feature front end's FFT; imported here, before the clock)
     from cluster import Backend
+
     be = Backend(backend_name)
-    be.prepare(D, sorted({params.n_components, params.max_components, params.ubm_components, 8,
-                          16}), 10_000, params.cvtype, params.dtype)
+    be.prepare(
+        D,
+        sorted({params.n_components, params.max_components, params.ubm_components, 8, 16}),
+        10_000,
+        params.cvtype,
+        params.dtype,
+    )
     rng = np.random.default_rng(0)
     X = rng.standard_normal((600, D)).astype(params.dtype)
-    g1 = be.GMM(params.n_components, D, cvtype=params.cvtype, dtype=params.dtype,
-                reg_covar=params.reg_covar)
-    g2 = be.GMM(params.n_components, D, cvtype=params.cvtype, dtype=params.dtype,
-                reg_covar=params.reg_covar)
+    g1 = be.GMM(params.n_components, D, cvtype=params.cvtype, dtype=params.dtype, reg_covar=params.reg_covar)
+    g2 = be.GMM(params.n_components, D, cvtype=params.cvtype, dtype=params.dtype, reg_covar=params.reg_covar)
     g1.train(X[:300], min_em_iters=params.em_iters, max_em_iters=params.em_iters)
     g2.train(X[300:], min_em_iters=params.em_iters, max_em_iters=params.em_iters)
     g1.score(X)
     if params.cosine_threshold > -1.0:
-        ubm = be.GMM(params.ubm_components, D, cvtype="diag", dtype=params.dtype,
-                     reg_covar=params.reg_covar)
+        ubm = be.GMM(params.ubm_components, D, cvtype="diag", dtype=params.dtype, reg_covar=params.reg_covar)
         ubm.train(X, min_em_iters=1, max_em_iters=1)
         ubm.eval(X)
     be.bic(g1, g2, X, params.em_iters)
@@ -183,6 +249,7 @@ def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
 def check_audio_file(path, seg_len):
     """Fail fast (before the slow work) on a missing, unreadable, empty or too short file."""
     import soundfile as sf
+
     p = Path(path)
     if not p.exists():
         raise DiarizationError(f"{path}: no such file")
@@ -195,8 +262,10 @@ def check_audio_file(path, seg_len):
     if info.frames <= 0:
         raise DiarizationError(f"{path}: the file contains no audio samples")
     if info.frames / info.samplerate * FRAME_RATE < seg_len:
-        raise DiarizationError(f"{path}: {info.frames / info.samplerate:.2f} s of audio is shorter "
-                               f"than one voting segment ({seg_len / FRAME_RATE:.2f} s)")
+        raise DiarizationError(
+            f"{path}: {info.frames / info.samplerate:.2f} s of audio is shorter "
+            f"than one voting segment ({seg_len / FRAME_RATE:.2f} s)"
+        )
 
 
 def default_jobs(backend_name: str) -> int:
@@ -208,6 +277,7 @@ def default_jobs(backend_name: str) -> int:
     if backend_name == "auto":
         try:
             import pycuda.driver  # noqa: F401  (auto takes CUDA where pycuda and a GPU exist)
+
             return 1
         except Exception:
             pass
@@ -220,6 +290,7 @@ def resolve_backend(name: str) -> str:
         return name
     try:
         import asp_gmm  # noqa: F401
+
         return "auto"
     except ImportError:
         return "sklearn"
@@ -227,19 +298,31 @@ def resolve_backend(name: str) -> str:
 
 def params_from_args(args):
     from cluster import ClusterParams
-    return ClusterParams(n_init=args.clusters, n_components=args.components, seg_len=args.segment,
-                         em_iters=args.em_iters, cvtype=args.cvtype,
-                         seg_loops_init=args.seg_loops_init, seg_loops=args.seg_loops,
-                         reg_covar=args.reg_covar, vote=args.vote,
-                         frames_per_component=args.frames_per_component,
-                         max_model_components=args.max_model_components,
-                         merge_rule=args.merge_rule, relative_threshold=args.relative_threshold,
-                         merge_threshold=args.merge_threshold, pre_iters=args.pre_iters,
-                         bic_iters=args.bic_iters, n_speakers=max(0, args.speakers),
-                         cosine_threshold=args.cosine_threshold,
-                         ubm_components=args.ubm_components, relevance=args.relevance,
-                         cosine_min_frames=int(round(args.cosine_min_speech * FRAME_RATE)),
-                         n_jobs=max(1, args.jobs))
+
+    return ClusterParams(
+        n_init=args.clusters,
+        n_components=args.components,
+        seg_len=args.segment,
+        em_iters=args.em_iters,
+        cvtype=args.cvtype,
+        seg_loops_init=args.seg_loops_init,
+        seg_loops=args.seg_loops,
+        reg_covar=args.reg_covar,
+        vote=args.vote,
+        frames_per_component=args.frames_per_component,
+        max_model_components=args.max_model_components,
+        merge_rule=args.merge_rule,
+        relative_threshold=args.relative_threshold,
+        merge_threshold=args.merge_threshold,
+        pre_iters=args.pre_iters,
+        bic_iters=args.bic_iters,
+        n_speakers=max(0, args.speakers),
+        cosine_threshold=args.cosine_threshold,
+        ubm_components=args.ubm_components,
+        relevance=args.relevance,
+        cosine_min_frames=int(round(args.cosine_min_speech * FRAME_RATE)),
+        n_jobs=max(1, args.jobs),
+    )
 
 
 def diarize(audio_path, args, log=print, on_round=None):
@@ -274,22 +357,21 @@ def diarize(audio_path, args, log=print, on_round=None):
     if args.sad == "energy":
         speech = sad.energy_speech(feats.log_energy, args.vad_threshold)
     else:
-        speech, _ = sad.gmm_speech(feats, lambda M, D: be.GMM(M, D, cvtype="diag",
-                                                               reg_covar=1e-3, seed=0))
+        speech, _ = sad.gmm_speech(feats, lambda M, D: be.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0))
     feats.speech = speech
     t_sad = time.perf_counter()
     n_speech = int(speech.sum())
     if n_speech == 0:
         raise DiarizationError(f"{audio_path}: no speech found (silence or stationary noise only)")
     if n_speech < params.seg_len:
-        raise DiarizationError(f"{audio_path}: only {n_speech / FRAME_RATE:.2f} s of speech, less "
-                               f"than one voting segment ({params.seg_len / FRAME_RATE:.2f} s)")
+        raise DiarizationError(
+            f"{audio_path}: only {n_speech / FRAME_RATE:.2f} s of speech, less "
+            f"than one voting segment ({params.seg_len / FRAME_RATE:.2f} s)"
+        )
     Xs = feats.cepstra(args.first_cep)[speech]
-    clus = Clusterer(Xs, be, params, log=log if args.verbose else None, seed=args.seed,
-                     on_round=on_round)
+    clus = Clusterer(Xs, be, params, log=log if args.verbose else None, seed=args.seed, on_round=on_round)
     clus.run()
-    lab = clus.final_labels(args.final, penalty=args.penalty,
-                            min_run=max(1, int(round(args.min_run * FRAME_RATE))))
+    lab = clus.final_labels(args.final, penalty=args.penalty, min_run=max(1, int(round(args.min_run * FRAME_RATE))))
     t_clus = time.perf_counter()
     # Name speakers by order of first appearance.
     uniq, first_idx = np.unique(lab, return_index=True)
@@ -297,16 +379,25 @@ def diarize(audio_path, args, log=print, on_round=None):
     rank[np.argsort(first_idx)] = np.arange(len(uniq))
     full = np.full(len(speech), -1)
     full[speech] = rank[np.searchsorted(uniq, lab)]
-    segments = labels_to_segments(full, FRAME_RATE, merge_gap=args.merge_gap,
-                                  min_duration=args.min_segment)
+    segments = labels_to_segments(full, FRAME_RATE, merge_gap=args.merge_gap, min_duration=args.min_segment)
     t_end = time.perf_counter()
     return {
-        "segments": segments, "n_speakers": len({s[2] for s in segments}), "duration": duration,
-        "speech_seconds": n_speech / FRAME_RATE, "speech_mask": speech, "backend": be.name,
+        "segments": segments,
+        "n_speakers": len({s[2] for s in segments}),
+        "duration": duration,
+        "speech_seconds": n_speech / FRAME_RATE,
+        "speech_mask": speech,
+        "backend": be.name,
         "clusterer": clus,
-        "times": {"warmup": t_warm, "load": t_load - t_start, "features": t_feat - t_load,
-                  "sad": t_sad - t_feat, "clustering": t_clus - t_sad, "output": t_end - t_clus,
-                  "total": t_end - t_start},
+        "times": {
+            "warmup": t_warm,
+            "load": t_load - t_start,
+            "features": t_feat - t_load,
+            "sad": t_sad - t_feat,
+            "clustering": t_clus - t_sad,
+            "output": t_end - t_clus,
+            "total": t_end - t_start,
+        },
     }
 
 
@@ -322,13 +413,15 @@ def main(argv=None) -> int:
     except Exception as e:  # an internal failure: one line unless --debug
         if args.debug:
             raise
-        print(f"diarize.py: internal error: {type(e).__name__}: {e} (run with --debug for the "
-              "traceback)", file=sys.stderr)
+        print(
+            f"diarize.py: internal error: {type(e).__name__}: {e} (run with --debug for the traceback)", file=sys.stderr
+        )
         return 1
 
 
 def _main(args) -> int:
     from rttm import read_rttm, write_rttm
+
     audio = Path(args.audio)
     uri = audio.stem
     ref = None
@@ -345,28 +438,42 @@ def _main(args) -> int:
     e2e = process_age()
     t = r["times"]
     c = r["clusterer"].prof
-    print(f"{audio.name}: {r['duration']:.1f} s of audio, {r['speech_seconds']:.1f} s of speech, "
-          f"backend {r['backend']}, {r['clusterer'].p.n_jobs} thread(s)")
+    print(
+        f"{audio.name}: {r['duration']:.1f} s of audio, {r['speech_seconds']:.1f} s of speech, "
+        f"backend {r['backend']}, {r['clusterer'].p.n_jobs} thread(s)"
+    )
     print(f"speakers found: {r['n_speakers']}")
-    print(f"processing time: {t['total']:.3f} s (read {t['load']:.3f}, features {t['features']:.3f}, "
-          f"speech detection {t['sad']:.3f}, clustering {t['clustering']:.3f} [train "
-          f"{c.seconds['train']:.3f}, score {c.seconds['score']:.3f}, BIC pairs {c.seconds['bic']:.3f}"
-          f" x{c.calls['bic']}, python {c.other:.3f}], segments {t['output']:.3f})")
-    print(f"x-realtime: {r['duration'] / t['total']:.1f} (processing); "
-          f"{r['duration'] / e2e:.1f} end to end ({e2e:.2f} s from process start to the RTTM "
-          f"written, of which GMM warm-up {t['warmup']:.2f} s)")
+    print(
+        f"processing time: {t['total']:.3f} s (read {t['load']:.3f}, features {t['features']:.3f}, "
+        f"speech detection {t['sad']:.3f}, clustering {t['clustering']:.3f} [train "
+        f"{c.seconds['train']:.3f}, score {c.seconds['score']:.3f}, BIC pairs {c.seconds['bic']:.3f}"
+        f" x{c.calls['bic']}, python {c.other:.3f}], segments {t['output']:.3f})"
+    )
+    print(
+        f"x-realtime: {r['duration'] / t['total']:.1f} (processing); "
+        f"{r['duration'] / e2e:.1f} end to end ({e2e:.2f} s from process start to the RTTM "
+        f"written, of which GMM warm-up {t['warmup']:.2f} s)"
+    )
     if ref is not None:
         from rttm import der
+
         d = der(ref, r["segments"], uri, duration=r["duration"])
         tot = d["total"] or 1.0
-        print(f"DER: {100 * d['der']:.2f} % (missed {100 * d['missed detection'] / tot:.2f} %, "
-              f"false alarm {100 * d['false alarm'] / tot:.2f} %, confusion "
-              f"{100 * d['confusion'] / tot:.2f} %; collar +-0.25 s, {len({s[2] for s in ref})} "
-              "reference speakers)")
+        print(
+            f"DER: {100 * d['der']:.2f} % (missed {100 * d['missed detection'] / tot:.2f} %, "
+            f"false alarm {100 * d['false alarm'] / tot:.2f} %, confusion "
+            f"{100 * d['confusion'] / tot:.2f} %; collar +-0.25 s, {len({s[2] for s in ref})} "
+            "reference speakers)"
+        )
     if args.plot:
         from rttm import plot_timeline
-        plot_timeline(args.plot, ref, r["segments"], title=f"{audio.name}: reference (top) and "
-                      f"hypothesis ({r['n_speakers']} speakers, backend {r['backend']})")
+
+        plot_timeline(
+            args.plot,
+            ref,
+            r["segments"],
+            title=f"{audio.name}: reference (top) and hypothesis ({r['n_speakers']} speakers, backend {r['backend']})",
+        )
         print(f"timeline written to {args.plot}")
     return 0
 

@@ -8,6 +8,7 @@ Frames: 25 ms Hamming window, 10 ms hop (100 frames/s), frame ``i`` centred on `
 * Helpers for what the stages build from them: ``deltas`` (regression over +-2 frames),
   ``cmvn`` (mean/variance normalisation over a mask), ``sliding_cmn`` (short-time mean removal).
 """
+
 from __future__ import annotations
 
 import os
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FRAME_RATE = 100  # frames per second (10 ms hop)
-N_FEATURES = 20   # columns of Features.mfcc (c0..c19)
+N_FEATURES = 20  # columns of Features.mfcc (c0..c19)
 
 
 class DiarizationError(Exception):
@@ -25,9 +26,9 @@ class DiarizationError(Exception):
 
 @dataclass
 class Features:
-    cep: np.ndarray         # (T, n_cep) float32: c0 (log level) .. c{n_cep-1}
+    cep: np.ndarray  # (T, n_cep) float32: c0 (log level) .. c{n_cep-1}
     log_energy: np.ndarray  # (T,) float32, dB
-    duration: float         # seconds of audio
+    duration: float  # seconds of audio
     frame_rate: int = FRAME_RATE
     speech: np.ndarray | None = None  # (T,) bool, set by the speech detector
 
@@ -57,6 +58,7 @@ def load_audio(path, n_jobs: int | None = None) -> tuple[np.ndarray, int]:
 
     Long files are decoded in ``n_jobs`` pieces on threads (libsndfile runs without the GIL)."""
     import soundfile as sf
+
     try:
         info = sf.info(str(path))
         n, ch = info.frames, info.channels
@@ -70,10 +72,16 @@ def load_audio(path, n_jobs: int | None = None) -> tuple[np.ndarray, int]:
             def part(i):
                 with sf.SoundFile(str(path)) as f:
                     f.seek(int(bounds[i]))
-                    got = f.read(int(bounds[i + 1] - bounds[i]), dtype="float32", always_2d=True,
-                                 out=out[bounds[i]:bounds[i + 1]])
+                    got = f.read(
+                        int(bounds[i + 1] - bounds[i]),
+                        dtype="float32",
+                        always_2d=True,
+                        out=out[bounds[i] : bounds[i + 1]],
+                    )
                     return len(got)
+
             from concurrent.futures import ThreadPoolExecutor
+
             with ThreadPoolExecutor(jobs) as ex:
                 if sum(ex.map(part, range(jobs))) != n:
                     raise RuntimeError("short read")
@@ -102,8 +110,7 @@ def _mel_to_hz(m):
     return 700.0 * (10.0 ** (np.asarray(m, np.float64) / 2595.0) - 1.0)
 
 
-def mel_filterbank(sr: int, n_fft: int, n_mels: int = 40, fmin: float = 20.0,
-                   fmax: float = 8000.0) -> np.ndarray:
+def mel_filterbank(sr: int, n_fft: int, n_mels: int = 40, fmin: float = 20.0, fmax: float = 8000.0) -> np.ndarray:
     """(n_fft // 2 + 1, n_mels) triangular filters equally spaced on the (HTK) mel scale, each of
     unit peak."""
     fmax = min(fmax, sr / 2.0)
@@ -125,35 +132,42 @@ def dct_matrix(n_in: int, n_out: int) -> np.ndarray:
     return m.astype(np.float32)
 
 
-def compute_features(x: np.ndarray, sr: int, n_cep: int = 20, win: float = 0.025,
-                     hop: float = 0.010, n_mels: int = 40, n_jobs: int | None = None,
-                     chunk: int = 1024) -> Features:
+def compute_features(
+    x: np.ndarray,
+    sr: int,
+    n_cep: int = 20,
+    win: float = 0.025,
+    hop: float = 0.010,
+    n_mels: int = 40,
+    n_jobs: int | None = None,
+    chunk: int = 1024,
+) -> Features:
     """Cepstra and log-energy of a mono signal: frames are cut without copying (a strided view),
     a chunk of ``chunk`` frames at a time is windowed, transformed by scipy.fft on ``n_jobs``
     workers (float32 throughout; NumPy's FFT works in float64 and was 10x slower), and mapped to
     log-mel energies and cepstra by two matrix products. Small chunks stay in cache: 1024 frames
     took 0.17 s for 30 minutes of audio, 16384 frames 0.78 s (fresh pages for every chunk)."""
     import scipy.fft
+
     hop_len = int(round(hop * sr))
     win_len = int(round(win * sr))
     n_fft = 1 << (win_len - 1).bit_length()
     window = np.zeros(n_fft, np.float32)
     off = (n_fft - win_len) // 2
-    window[off:off + win_len] = np.hamming(win_len + 1)[:-1]
+    window[off : off + win_len] = np.hamming(win_len + 1)[:-1]
     mel_t = mel_filterbank(sr, n_fft, n_mels)
     dct = dct_matrix(n_mels, n_cep)
     xp = np.pad(np.asarray(x, np.float32), n_fft // 2)
     T = 1 + (len(xp) - n_fft) // hop_len if len(xp) >= n_fft else 0
-    frames = np.lib.stride_tricks.as_strided(xp, (T, n_fft), (xp.strides[0] * hop_len, xp.strides[0]),
-                                             writeable=False)
+    frames = np.lib.stride_tricks.as_strided(xp, (T, n_fft), (xp.strides[0] * hop_len, xp.strides[0]), writeable=False)
     cep = np.empty((T, n_cep), np.float32)
     log_energy = np.empty(T, np.float32)
     jobs = n_jobs or default_jobs()
     for start in range(0, T, chunk):
         stop = min(T, start + chunk)
         spec = scipy.fft.rfft(frames[start:stop] * window, axis=1, workers=jobs)
-        power = spec.real ** 2
-        power += spec.imag ** 2
+        power = spec.real**2
+        power += spec.imag**2
         log_energy[start:stop] = 10.0 * np.log10(power.sum(axis=1) + 1e-10)
         log_mel = np.log(power @ mel_t + 1e-8)
         cep[start:stop] = log_mel @ dct
@@ -166,7 +180,7 @@ def deltas(x: np.ndarray, width: int = 2) -> np.ndarray:
     xp = np.concatenate([np.repeat(x[:1], width, 0), x, np.repeat(x[-1:], width, 0)])
     out = np.zeros_like(x, dtype=np.float32)
     for k in range(1, width + 1):
-        out += k * (xp[width + k:width + k + T] - xp[width - k:width - k + T])
+        out += k * (xp[width + k : width + k + T] - xp[width - k : width - k + T])
     return out / (2.0 * sum(k * k for k in range(1, width + 1)))
 
 

@@ -23,6 +23,7 @@ The benchmark meetings (5 minutes, 4 and 6 speakers, several seeds) are made by
 
 Needs ``apt-get install flite espeak-ng`` (only this generator; the diarizer does not).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,26 +51,91 @@ ESPEAK_VOICES = [
 ]
 ALL_VOICES = FLITE_VOICES + ESPEAK_VOICES
 
-_SUBJECTS = ["we", "the team", "our group", "the client", "marketing", "the new design", "everyone",
-             "the budget", "this project", "the committee", "my manager", "the prototype",
-             "the engineers", "the remote control", "the sales department", "our partners"]
-_VERBS = ["should review", "could finish", "will discuss", "might postpone", "needs to approve",
-          "has to present", "wants to change", "can evaluate", "would prefer", "must improve",
-          "is going to test", "forgot to send", "agreed to measure", "tried to simplify"]
-_OBJECTS = ["the quarterly report", "the user interface", "the meeting notes", "the schedule",
-            "the cost estimate", "the battery design", "the survey results", "the final draft",
-            "the technical specification", "the marketing plan", "the customer feedback",
-            "the production timeline", "the color scheme", "the spreadsheet", "the evaluation"]
-_TAILS = ["before friday", "next week", "by the end of the month", "as soon as possible",
-          "after lunch", "during the next meeting", "tomorrow morning", "if there is time",
-          "without the extra features", "with the whole department", "in more detail", ""]
-_OPENERS = ["", "", "", "well, ", "okay, ", "so, ", "I think ", "honestly, ", "actually, ",
-            "right, ", "you know, "]
-_SHORT = ["yes, I agree.", "okay, sounds good.", "no, I don't think so.", "sure.", "exactly.",
-          "right, good point.", "hmm, maybe.", "that works for me.", "wait, really?", "thanks."]
-_QUESTIONS = ["what do you think about {o}?", "did anyone look at {o}?",
-              "how long will {o} take?", "can we talk about {o} now?",
-              "who is responsible for {o}?"]
+_SUBJECTS = [
+    "we",
+    "the team",
+    "our group",
+    "the client",
+    "marketing",
+    "the new design",
+    "everyone",
+    "the budget",
+    "this project",
+    "the committee",
+    "my manager",
+    "the prototype",
+    "the engineers",
+    "the remote control",
+    "the sales department",
+    "our partners",
+]
+_VERBS = [
+    "should review",
+    "could finish",
+    "will discuss",
+    "might postpone",
+    "needs to approve",
+    "has to present",
+    "wants to change",
+    "can evaluate",
+    "would prefer",
+    "must improve",
+    "is going to test",
+    "forgot to send",
+    "agreed to measure",
+    "tried to simplify",
+]
+_OBJECTS = [
+    "the quarterly report",
+    "the user interface",
+    "the meeting notes",
+    "the schedule",
+    "the cost estimate",
+    "the battery design",
+    "the survey results",
+    "the final draft",
+    "the technical specification",
+    "the marketing plan",
+    "the customer feedback",
+    "the production timeline",
+    "the color scheme",
+    "the spreadsheet",
+    "the evaluation",
+]
+_TAILS = [
+    "before friday",
+    "next week",
+    "by the end of the month",
+    "as soon as possible",
+    "after lunch",
+    "during the next meeting",
+    "tomorrow morning",
+    "if there is time",
+    "without the extra features",
+    "with the whole department",
+    "in more detail",
+    "",
+]
+_OPENERS = ["", "", "", "well, ", "okay, ", "so, ", "I think ", "honestly, ", "actually, ", "right, ", "you know, "]
+_SHORT = [
+    "yes, I agree.",
+    "okay, sounds good.",
+    "no, I don't think so.",
+    "sure.",
+    "exactly.",
+    "right, good point.",
+    "hmm, maybe.",
+    "that works for me.",
+    "wait, really?",
+    "thanks.",
+]
+_QUESTIONS = [
+    "what do you think about {o}?",
+    "did anyone look at {o}?",
+    "how long will {o} take?",
+    "can we talk about {o} now?",
+    "who is responsible for {o}?",
+]
 
 
 def sentence(rng: np.random.Generator) -> str:
@@ -84,6 +150,7 @@ def sentence(rng: np.random.Generator) -> str:
 
 def _read_wav(path: str):
     import soundfile as sf
+
     x, sr = sf.read(path, dtype="float32", always_2d=True)
     return x.mean(1), sr
 
@@ -112,6 +179,7 @@ def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
         return x
     from math import gcd
     from scipy.signal import resample_poly
+
     g = gcd(sr_in, sr_out)
     return resample_poly(x, sr_out // g, sr_in // g).astype(np.float32)
 
@@ -126,12 +194,22 @@ def trim(x: np.ndarray, sr: int, rel_db: float = -45.0) -> np.ndarray:
     on = np.flatnonzero(env > env.max() * 10 ** (rel_db / 20))
     if len(on) == 0:
         return x[:0]
-    return x[on[0] * hop: (on[-1] + 1) * hop]
+    return x[on[0] * hop : (on[-1] + 1) * hop]
 
 
-def make_meeting(n_speakers: int, minutes: float, seed: int, sr: int = 16000,
-                 voices: list[str] | None = None, snr_db: float | None = None,
-                 pause=(0.25, 1.0), sentences=(1, 2), short_turns=0.15, level=0.03, log=None):
+def make_meeting(
+    n_speakers: int,
+    minutes: float,
+    seed: int,
+    sr: int = 16000,
+    voices: list[str] | None = None,
+    snr_db: float | None = None,
+    pause=(0.25, 1.0),
+    sentences=(1, 2),
+    short_turns=0.15,
+    level=0.03,
+    log=None,
+):
     """Returns (audio float32, sr, turns) with turns = [(start_s, dur_s, speaker_label)]."""
     rng = np.random.default_rng(seed)
     if voices is None:
@@ -161,8 +239,7 @@ def make_meeting(n_speakers: int, minutes: float, seed: int, sr: int = 16000,
             # Every speaker speaks at least once, early enough: the first n turns cycle through them.
             if len(seen) < n_speakers and len(turns) >= 2:
                 cand = [i for i in range(n_speakers) if i not in seen and i != prev]
-                spk = int(rng.choice(cand)) if cand else int(rng.choice(
-                    [i for i in range(n_speakers) if i != prev]))
+                spk = int(rng.choice(cand)) if cand else int(rng.choice([i for i in range(n_speakers) if i != prev]))
             else:
                 p = share.copy()
                 if prev >= 0:
@@ -177,7 +254,7 @@ def make_meeting(n_speakers: int, minutes: float, seed: int, sr: int = 16000,
             x = trim(resample(x, x_sr, sr), sr)
             if len(x) < sr // 10:
                 continue
-            x = x / (np.sqrt(np.mean(x ** 2)) + 1e-9) * level * 10 ** ((gains_db[spk] + rng.uniform(-2, 2)) / 20)
+            x = x / (np.sqrt(np.mean(x**2)) + 1e-9) * level * 10 ** ((gains_db[spk] + rng.uniform(-2, 2)) / 20)
             start = t
             dur = len(x) / sr
             pieces.append(x.astype(np.float32))
@@ -217,40 +294,46 @@ def write_rttm(path, uri: str, turns) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("out", help="output audio (.wav or .flac); the RTTM goes next to it (.rttm)")
     ap.add_argument("--speakers", type=int, default=4)
     ap.add_argument("--minutes", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sr", type=int, default=16000, help="output sample rate (default 16000)")
-    ap.add_argument("--voices", help="comma-separated voice list (default: drawn from the seed); "
-                    f"built-in: {','.join(ALL_VOICES)}")
+    ap.add_argument(
+        "--voices", help=f"comma-separated voice list (default: drawn from the seed); built-in: {','.join(ALL_VOICES)}"
+    )
     ap.add_argument("--snr", type=float, default=None, help="add white noise at this SNR in dB")
     ap.add_argument("--rttm", help="reference RTTM path (default: OUT with suffix .rttm)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every turn")
     a = ap.parse_args(argv)
     for tool in ("flite", "espeak-ng"):
         if shutil.which(tool) is None:
-            print(f"make_meeting: '{tool}' not found; install it with: apt-get install flite espeak-ng",
-                  file=sys.stderr)
+            print(
+                f"make_meeting: '{tool}' not found; install it with: apt-get install flite espeak-ng", file=sys.stderr
+            )
             return 2
     voices = a.voices.split(",") if a.voices else None
     try:
-        audio, sr, turns = make_meeting(a.speakers, a.minutes, a.seed, a.sr, voices, a.snr,
-                                        log=print if a.verbose else None)
+        audio, sr, turns = make_meeting(
+            a.speakers, a.minutes, a.seed, a.sr, voices, a.snr, log=print if a.verbose else None
+        )
     except (ValueError, subprocess.CalledProcessError) as e:
         print(f"make_meeting: {e}", file=sys.stderr)
         return 2
     import soundfile as sf
+
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(out), audio, sr, subtype="PCM_16")
     rttm = Path(a.rttm) if a.rttm else out.with_suffix(".rttm")
     write_rttm(rttm, out.stem, turns)
     spk = sorted({t[2] for t in turns})
-    print(f"wrote {out} ({len(audio) / sr:.1f} s, {len(turns)} turns, {len(spk)} speakers: "
-          f"{', '.join(spk)}) and {rttm}")
+    print(
+        f"wrote {out} ({len(audio) / sr:.1f} s, {len(turns)} turns, {len(spk)} speakers: {', '.join(spk)}) and {rttm}"
+    )
     return 0
 
 

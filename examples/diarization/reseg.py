@@ -5,6 +5,7 @@ The Viterbi runs on blocks of ``block`` frames (50 ms by default) so that its Py
 short for long recordings (72 000 steps for an hour); a block is far below the 0.25 s scoring
 collar, and frame scores are summed inside it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,7 +28,7 @@ def viterbi(score: np.ndarray, penalty: float) -> np.ndarray:
     if K == 1 or T == 0:
         return np.zeros(T, np.intp)
     S = np.ascontiguousarray(score.T, dtype=np.float64)
-    back = np.empty((T, K), np.intp)   # previous state
+    back = np.empty((T, K), np.intp)  # previous state
     back[0] = np.arange(K)
     delta = S[0].copy()
     ar = np.arange(K)
@@ -67,11 +68,11 @@ def enforce_min_run(labels: np.ndarray, score: np.ndarray, min_len: int) -> np.n
         taken = np.zeros(len(st), bool)
         for i in short[np.argsort((en - st)[short], kind="stable")]:
             # one change per neighbourhood and pass, so that decisions do not conflict
-            if taken[max(i - 1, 0):i + 2].any():
+            if taken[max(i - 1, 0) : i + 2].any():
                 continue
             cands = [val[j] for j in (i - 1, i + 1) if 0 <= j < len(st)]
-            seg = score[:, st[i]:en[i]].sum(axis=1)
-            lab[st[i]:en[i]] = max(cands, key=lambda c: seg[c])
+            seg = score[:, st[i] : en[i]].sum(axis=1)
+            lab[st[i] : en[i]] = max(cands, key=lambda c: seg[c])
             taken[i] = True
     return lab
 

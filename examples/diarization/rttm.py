@@ -1,4 +1,5 @@
 """RTTM reading/writing, frame labels <-> segments, DER (pyannote.metrics) and the timeline plot."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,8 +44,9 @@ def read_rttm(path) -> dict[str, list[tuple[float, float, str]]]:
     return out
 
 
-def labels_to_segments(labels: np.ndarray, frame_rate: int, merge_gap: float = 0.0,
-                       names=None, min_duration: float = 0.0) -> list[tuple[float, float, str]]:
+def labels_to_segments(
+    labels: np.ndarray, frame_rate: int, merge_gap: float = 0.0, names=None, min_duration: float = 0.0
+) -> list[tuple[float, float, str]]:
     """Frame labels (-1 = non-speech) -> [(start, dur, label)].
 
     Runs of the same label separated by less than ``merge_gap`` seconds of non-speech are joined
@@ -108,6 +110,7 @@ def labels_to_segments(labels: np.ndarray, frame_rate: int, merge_gap: float = 0
 
 def to_annotation(segments, uri: str):
     from pyannote.core import Annotation, Segment
+
     ann = Annotation(uri=uri)
     for i, (start, dur, label) in enumerate(segments):
         ann[Segment(start, start + dur), i] = label
@@ -165,7 +168,7 @@ def der(reference, hypothesis, uri: str, collar: float = NIST_COLLAR, duration=N
     nr, nh = R.sum(1), H.sum(1)
     matched = np.zeros(len(mid))
     if rn and hn:
-        cooc = (H.T * dur) @ R.astype(float)          # (hyp, ref) seconds spoken together
+        cooc = (H.T * dur) @ R.astype(float)  # (hyp, ref) seconds spoken together
         for h, r in max_weight_matching(cooc):
             if cooc[h, r] > 0:
                 matched += H[:, h] & R[:, r]
@@ -187,9 +190,9 @@ def max_weight_matching(weights) -> list:
     if w.shape[0] > w.shape[1]:
         return [(r, c) for c, r in max_weight_matching(w.T)]
     n, m = w.shape
-    cost = w.max() - w if w.size else w                 # minimise; every row gets a column
+    cost = w.max() - w if w.size else w  # minimise; every row gets a column
     u, v = np.zeros(n + 1), np.zeros(m + 1)
-    match = np.zeros(m + 1, int)                        # match[j]: row (1-based) in column j; 0 none
+    match = np.zeros(m + 1, int)  # match[j]: row (1-based) in column j; 0 none
     way = np.zeros(m + 1, int)
     for i in range(1, n + 1):
         match[0], j0 = i, 0
@@ -223,6 +226,7 @@ def der_pyannote(reference, hypothesis, uri: str, collar: float = NIST_COLLAR, d
     """:func:`der` through pyannote.metrics (the tests compare the two)."""
     from pyannote.core import Segment, Timeline
     from pyannote.metrics.diarization import DiarizationErrorRate
+
     metric = DiarizationErrorRate(collar=2.0 * collar, skip_overlap=False)
     ref = to_annotation(reference, uri)
     hyp = to_annotation(hypothesis, uri)
@@ -239,6 +243,7 @@ def speaker_mapping(reference, hypothesis) -> dict:
     """The one-to-one hypothesis -> reference speaker mapping that maximises their overlap in
     time (the mapping the DER uses), by the Hungarian method; unmatched speakers are left out."""
     from scipy.optimize import linear_sum_assignment
+
     ref_names = sorted({s[2] for s in reference})
     hyp_names = sorted({s[2] for s in hypothesis})
     if not ref_names or not hyp_names:
@@ -258,9 +263,13 @@ def plot_timeline(path, reference, hypothesis, title: str = "") -> None:
     hypothesis speaker has the colour of the reference speaker it is mapped to (the DER's
     optimal mapping); unmatched hypothesis speakers get colours of their own."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    cmap = plt.get_cmap("tab10" if len({s[2] for s in (reference or [])} | {s[2] for s in hypothesis}) <= 10 else "tab20")
+
+    cmap = plt.get_cmap(
+        "tab10" if len({s[2] for s in (reference or [])} | {s[2] for s in hypothesis}) <= 10 else "tab20"
+    )
     ref_names = sorted({s[2] for s in reference}) if reference is not None else []
     colour = {("ref", n): cmap(i % cmap.N) for i, n in enumerate(ref_names)}
     mapping = speaker_mapping(reference, hypothesis) if reference is not None else {}
@@ -281,8 +290,7 @@ def plot_timeline(path, reference, hypothesis, title: str = "") -> None:
     end = max((s[0] + s[1] for _, segs, _, _ in rows for s in segs), default=1.0)
     fig, ax = plt.subplots(figsize=(min(40, 6 + end / 10), 0.4 * len(rows) + 1.2))
     for i, (name, spans, tag, c) in enumerate(rows):
-        ax.broken_barh(spans, (len(rows) - 1 - i - 0.4, 0.8), color=c,
-                       alpha=1.0 if tag == "hyp" else 0.6)
+        ax.broken_barh(spans, (len(rows) - 1 - i - 0.4, 0.8), color=c, alpha=1.0 if tag == "hyp" else 0.6)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r[0] for r in rows][::-1], fontsize=8)
     ax.set_xlim(0, end)

@@ -17,6 +17,7 @@ The level alone misses quiet speech inside a turn (its frames fall below the thr
 counts breath and bumps as speech; the spectral models see what distinguishes them on this
 recording.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -40,8 +41,13 @@ def close_gaps(mask: np.ndarray, max_gap: int, min_run: int) -> np.ndarray:
     return m
 
 
-def energy_speech(log_energy: np.ndarray, threshold: float = 0.35, min_range_db: float = 8.0,
-                  max_gap: float = 0.15, min_speech: float = 0.1) -> np.ndarray:
+def energy_speech(
+    log_energy: np.ndarray,
+    threshold: float = 0.35,
+    min_range_db: float = 8.0,
+    max_gap: float = 0.15,
+    min_speech: float = 0.1,
+) -> np.ndarray:
     """The energy detector alone: ``threshold`` of the way from the noise floor to the speech
     level. A recording whose level spread is under ``min_range_db`` has no speech."""
     lo, hi = np.percentile(log_energy, [10, 95])
@@ -63,11 +69,23 @@ def smooth_decision(llr: np.ndarray, width: int, bias: float = 0.0) -> np.ndarra
     return llr > bias
 
 
-def gmm_speech(feats, gmm_factory, iters: int = 2, n_speech: int = 16, n_nonspeech: int = 8,
-               boot_speech: float = 0.5, boot_nonspeech: float = 0.2, smooth: float = 0.3,
-               bias: float = 0.0, max_gap: float = 0.3, min_speech: float = 0.2,
-               min_range_db: float = 8.0, n_cep: int = 13, em_iters: int = 5,
-               first_cep: int = 1):
+def gmm_speech(
+    feats,
+    gmm_factory,
+    iters: int = 2,
+    n_speech: int = 16,
+    n_nonspeech: int = 8,
+    boot_speech: float = 0.5,
+    boot_nonspeech: float = 0.2,
+    smooth: float = 0.3,
+    bias: float = 0.0,
+    max_gap: float = 0.3,
+    min_speech: float = 0.2,
+    min_range_db: float = 8.0,
+    n_cep: int = 13,
+    em_iters: int = 5,
+    first_cep: int = 1,
+):
     """Speech mask of the recording (see the module docstring). ``gmm_factory(M, D)`` builds an
     untrained diagonal GMM. Returns (mask, info dict)."""
     le = feats.log_energy

@@ -6,6 +6,7 @@ Conventions copied from asp_gmm: ``train`` returns the total log-likelihood of X
 parameters; the first ``train`` seeds the model (unless means/covars/weights were given), later calls
 warm-start from the current parameters; ``covars`` is (M, D, D) for "full" and (M, D) for "diag".
 """
+
 from __future__ import annotations
 
 import warnings
@@ -16,8 +17,20 @@ import numpy as np
 class GMM:
     backend = "sklearn"
 
-    def __init__(self, M, D, means=None, covars=None, weights=None, cvtype="full",
-                 dtype=np.float32, reg_covar=1e-6, backend="sklearn", variant=None, seed=None):
+    def __init__(
+        self,
+        M,
+        D,
+        means=None,
+        covars=None,
+        weights=None,
+        cvtype="full",
+        dtype=np.float32,
+        reg_covar=1e-6,
+        backend="sklearn",
+        variant=None,
+        seed=None,
+    ):
         if cvtype not in ("full", "diag"):
             raise ValueError(f"cvtype must be 'full' or 'diag', not {cvtype!r}")
         self.M, self.D, self.cvtype = int(M), int(D), cvtype
@@ -26,13 +39,16 @@ class GMM:
         self.seed = seed
         self._gm = None
         self._init = None
-        self.loglik = None      # log-likelihood of the last train() (as asp_gmm.GMM)
-        self.n_events = None    # events of the last train()
+        self.loglik = None  # log-likelihood of the last train() (as asp_gmm.GMM)
+        self.n_events = None  # events of the last train()
         if means is not None or covars is not None or weights is not None:
             if means is None or covars is None or weights is None:
                 raise ValueError("give all of means, covars and weights, or none")
-            self._init = (np.asarray(weights, np.float64), np.asarray(means, np.float64),
-                          np.asarray(covars, np.float64))
+            self._init = (
+                np.asarray(weights, np.float64),
+                np.asarray(means, np.float64),
+                np.asarray(covars, np.float64),
+            )
 
     # -- parameters ---------------------------------------------------------------------------
     @property
@@ -60,8 +76,7 @@ class GMM:
         if self.cvtype == "diag":
             covars = np.tile(var, (self.M, 1))
         else:
-            c = (np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True))
-                 + self.reg_covar * np.eye(self.D))
+            c = np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True)) + self.reg_covar * np.eye(self.D)
             covars = np.tile(c, (self.M, 1, 1))
         return np.full(self.M, 1.0 / self.M), means, covars
 
@@ -74,6 +89,7 @@ class GMM:
     def train(self, X, min_em_iters=1, max_em_iters=10, tol=1e-3):
         from sklearn.exceptions import ConvergenceWarning
         from sklearn.mixture import GaussianMixture
+
         X = np.ascontiguousarray(X, dtype=self.dtype)
         if X.ndim != 2 or X.shape[1] != self.D:
             raise ValueError(f"X must be (N, {self.D}), got {X.shape}")
@@ -84,9 +100,15 @@ class GMM:
         if self._gm is None:
             w, m, c = self._init if self._init is not None else self._seed_params(X)
             self._gm = GaussianMixture(
-                n_components=self.M, covariance_type=self.cvtype, reg_covar=self.reg_covar,
-                weights_init=w / w.sum(), means_init=m, precisions_init=self._precisions(c),
-                warm_start=True, random_state=self.seed)
+                n_components=self.M,
+                covariance_type=self.cvtype,
+                reg_covar=self.reg_covar,
+                weights_init=w / w.sum(),
+                means_init=m,
+                precisions_init=self._precisions(c),
+                warm_start=True,
+                random_state=self.seed,
+            )
         gm = self._gm
         gm.max_iter = int(max_em_iters)
         # scikit-learn stops on |change of the mean log-likelihood| < tol; with min == max the
@@ -111,15 +133,23 @@ class GMM:
         """A GaussianMixture holding given parameters (to score before any training); its
         ``*_init`` are set too, so a later ``train`` starts from the same parameters."""
         from sklearn.mixture import GaussianMixture
-        gm = GaussianMixture(n_components=self.M, covariance_type=self.cvtype,
-                             reg_covar=self.reg_covar, weights_init=w / w.sum(), means_init=m,
-                             precisions_init=self._precisions(c), warm_start=False,
-                             random_state=self.seed)
+
+        gm = GaussianMixture(
+            n_components=self.M,
+            covariance_type=self.cvtype,
+            reg_covar=self.reg_covar,
+            weights_init=w / w.sum(),
+            means_init=m,
+            precisions_init=self._precisions(c),
+            warm_start=False,
+            random_state=self.seed,
+        )
         gm.weights_, gm.means_, gm.covariances_ = w / w.sum(), m, c
         if self.cvtype == "diag":
             gm.precisions_cholesky_ = 1.0 / np.sqrt(c)
         else:
             from scipy.linalg import solve_triangular
+
             chol = np.linalg.cholesky(c)
             eye = np.eye(self.D)
             gm.precisions_cholesky_ = np.stack([solve_triangular(L, eye, lower=True).T for L in chol])
@@ -162,10 +192,16 @@ def compute_distance_BIC(gmm1, gmm2, X, X1=None, X2=None, min_em_iters=1, max_em
         else:
             parts.append((g.loglik, g.n_events))
     (l1, n1), (l2, n2) = parts
-    w = np.concatenate([np.asarray(gmm1.weights, np.float64) * n1,
-                        np.asarray(gmm2.weights, np.float64) * n2])
-    merged = GMM(gmm1.M + gmm2.M, gmm1.D, means=np.concatenate([gmm1.means, gmm2.means]),
-                 covars=np.concatenate([gmm1.covars, gmm2.covars]), weights=w / w.sum(),
-                 cvtype=gmm1.cvtype, dtype=gmm1.dtype, reg_covar=gmm1.reg_covar)
+    w = np.concatenate([np.asarray(gmm1.weights, np.float64) * n1, np.asarray(gmm2.weights, np.float64) * n2])
+    merged = GMM(
+        gmm1.M + gmm2.M,
+        gmm1.D,
+        means=np.concatenate([gmm1.means, gmm2.means]),
+        covars=np.concatenate([gmm1.covars, gmm2.covars]),
+        weights=w / w.sum(),
+        cvtype=gmm1.cvtype,
+        dtype=gmm1.dtype,
+        reg_covar=gmm1.reg_covar,
+    )
     ll = merged.train(X, min_em_iters=min_em_iters, max_em_iters=max_em_iters, tol=tol)
     return merged, ll - l1 - l2

@@ -14,6 +14,7 @@ where that work is small. Padding enters at one place: the methods marked :func:
 (the backend's entry points) and :meth:`CudaBackend.open` turn the caller's problem into its
 :func:`binary_problem`; nothing behind them pads again.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,7 +62,6 @@ def binary_problem(problem: Problem) -> Problem:
     return problem if m == problem.M else Problem(problem.N, problem.D, m, problem.cvtype, problem.dtype)
 
 
-
 def _on_binary_problem(method):
     """Mark a backend entry point: its ``problem`` argument is replaced by :func:`binary_problem`
     (idempotent) before the method runs, so that padding is decided here and nowhere else."""
@@ -72,8 +72,9 @@ def _on_binary_problem(method):
         if "problem" in kwargs:
             kwargs["problem"] = binary_problem(kwargs["problem"])
         elif len(args) > index:
-            args = args[:index] + (binary_problem(args[index]),) + args[index + 1:]
+            args = args[:index] + (binary_problem(args[index]),) + args[index + 1 :]
         return method(*args, **kwargs)
+
     return entry
 
 
@@ -94,8 +95,11 @@ def estep_candidates(problem: Problem, ctx: dict | None = None) -> list:
     """Every pluggable E-step variant with the combinations of its tunables whose limits allow
     ``problem`` (first: the manifest's defaults): ``[(variant, [tunables, ...])]``. Needs no GPU."""
     ctx = dict(_DEFAULT_LIMITS) if ctx is None else ctx
-    return [(v, [t for t in v.tunable_space() if v.allows(problem, t, extra=ctx)])
-            for v in registry.variants("cuda", "estep") if pluggable(v)]
+    return [
+        (v, [t for t in v.tunable_space() if v.allows(problem, t, extra=ctx)])
+        for v in registry.variants("cuda", "estep")
+        if pluggable(v)
+    ]
 
 
 class CudaBackend(Backend):
@@ -112,9 +116,9 @@ class CudaBackend(Backend):
         self._device = None
         self._lock = threading.RLock()
         self._modules: dict = {}
-        self._estep_pick: dict = {}     # (policy, E-step choice) by policy, shape and N class
-        self._estep_cands: dict = {}    # E-step candidates by shape
-        self._ready: set = set()        # is_ready keys found in the compile cache
+        self._estep_pick: dict = {}  # (policy, E-step choice) by policy, shape and N class
+        self._estep_cands: dict = {}  # E-step candidates by shape
+        self._ready: set = set()  # is_ready keys found in the compile cache
         self.memory = DeviceMemory(lambda: self.device)
         #: chooses the E-step (:meth:`asp_gmm.selection.Policy.choose_estep`); None: the default
         self.policy = policy
@@ -122,7 +126,8 @@ class CudaBackend(Backend):
     def _policy(self):
         if self.policy is not None:
             return self.policy
-        from ...selection import Policy      # the policy, not the Face: selection imports no backend
+        from ...selection import Policy  # the policy, not the Face: selection imports no backend
+
         self.policy = Policy()
         return self.policy
 
@@ -158,8 +163,15 @@ class CudaBackend(Backend):
     # ------------------------------------------------------------------ compiling
     @staticmethod
     def _module_key(variant, tun: dict, problem: Problem) -> tuple:
-        return (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.D, problem.M,
-                problem.cvtype, problem.dtype)
+        return (
+            variant.key,
+            variant.source_sha256,
+            tuple(sorted(tun.items())),
+            problem.D,
+            problem.M,
+            problem.cvtype,
+            problem.dtype,
+        )
 
     def _load(self, variant, tunables, problem: Problem, prepare: dict) -> _Module:
         """Compile (through the cache) and load ``variant`` for the binary problem ``problem``;
@@ -192,8 +204,14 @@ class CudaBackend(Backend):
                         else:
                             fn.prepare(spec.signature(prepare["*"]))
                         funcs.append((spec, fn))
-                mod = _Module(m, funcs, str(variant.extra.get("scratch", "0")), tun,
-                              bool(variant.extra.get("zero_acc", False)), variant)
+                mod = _Module(
+                    m,
+                    funcs,
+                    str(variant.extra.get("scratch", "0")),
+                    tun,
+                    bool(variant.extra.get("zero_acc", False)),
+                    variant,
+                )
                 mod.path = str(path)
                 self._modules[key] = mod
         return mod
@@ -226,15 +244,22 @@ class CudaBackend(Backend):
         per policy by shape and N class (half-octaves, as the history groups timings)."""
         pinned = settings().cuda_estep or None
         policy = self._policy()
-        key = (id(policy), pinned, problem.D, problem.M, problem.cvtype, problem.dtype,
-               round(2 * math.log2(max(problem.N, 1))) if problem.N else 0)
+        key = (
+            id(policy),
+            pinned,
+            problem.D,
+            problem.M,
+            problem.cvtype,
+            problem.dtype,
+            round(2 * math.log2(max(problem.N, 1))) if problem.N else 0,
+        )
         hit = self._estep_pick.get(key)
         if hit is None or hit[0] is not policy:
             if len(self._estep_pick) > 4096:
                 self._estep_pick.clear()
             cands = self._estep_candidates(problem)
             if pinned:
-                registry.get("cuda", pinned, "estep")     # an unknown name says which exist
+                registry.get("cuda", pinned, "estep")  # an unknown name says which exist
             hit = self._estep_pick[key] = (policy, policy.choose_estep(self, problem, cands, pinned))
         return hit[1]
 
@@ -258,7 +283,8 @@ class CudaBackend(Backend):
     def prepare(self, problem: Problem) -> None:
         """Load the EM core and the E-step of ``problem``'s class; their cubins, when not cached,
         compile in parallel."""
-        from .. import nvrtc       # its pool runs leaf work only (never waits on itself): no deadlock
+        from .. import nvrtc  # its pool runs leaf work only (never waits on itself): no deadlock
+
         other = nvrtc.pool().submit(self.estep, problem)
         self.core(problem)
         other.result()
@@ -283,7 +309,7 @@ class CudaBackend(Backend):
             t2.update(t or {})
             if not is_cached(render_source(v, t2, problem), arch, binary_name(v, t2, problem)):
                 return False
-        self._ready.add(key)    # in the disk cache: stays so (entries are only ever added or rebuilt)
+        self._ready.add(key)  # in the disk cache: stays so (entries are only ever added or rebuilt)
         return True
 
     @_on_binary_problem
@@ -291,8 +317,10 @@ class CudaBackend(Backend):
         tun = variant.default_tunables()
         tun.update(tunables or {})
         if not pluggable(variant):
-            raise KernelError(f"{variant.key} declares no [[launch]] table; see 'How a covariance variant "
-                              "plugs in' in asp_gmm/backends/cuda/launch.py")
+            raise KernelError(
+                f"{variant.key} declares no [[launch]] table; see 'How a covariance variant "
+                "plugs in' in asp_gmm/backends/cuda/launch.py"
+            )
         mod = self._load(variant, tun, problem, {"*": COV_ARGS})
         return Kernel(variant, tun, handle=mod, binary=mod.path)
 
@@ -306,6 +334,7 @@ class CudaBackend(Backend):
         """Streamed EM: blocks of up to ``problem.N`` events through one session, two streams and
         pinned buffers (:mod:`asp_gmm.backends.cuda.stream`)."""
         from .stream import CudaStatsRunner
+
         return CudaStatsRunner(self, problem, kernel)
 
     def stream_block_rows(self, problem: Problem) -> int:

@@ -7,6 +7,7 @@ Sources depend on D, M, cvtype and dtype (rendered as constants with ``real``, `
 variant's tunables and its ``[derived]`` quantities); N is a run-time argument (rendered as 0), so a
 binary serves every N of its class. Nothing here needs pycuda or a GPU.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,7 @@ def _class_problem(problem: Problem) -> Problem:
 def render_source(variant: registry.Variant, tunables: dict | None, problem: Problem) -> str:
     """The CUDA source of ``variant`` for ``problem``'s class (no pycuda, no GPU needed)."""
     real = "float" if problem.dtype == "float32" else "double"
-    src = registry.render(variant, tunables, _class_problem(problem), real=real,
-                          cond_limit=COND_LIMIT[problem.dtype])
+    src = registry.render(variant, tunables, _class_problem(problem), real=real, cond_limit=COND_LIMIT[problem.dtype])
     # the launch description is part of what a binary means: keep it in the cached source
     launches = variant.extra.get("launch", [])
     return src + f"\n/* asp_gmm launch: {launches!r} scratch: {variant.extra.get('scratch', '')!r} */\n"
@@ -57,7 +57,7 @@ def _key_parts(arch: str) -> list:
     return [cache.tool_version(cmd), " ".join(NVCC_FLAGS), arch]
 
 
-_REJECTED = "nvrtc-cubin-rejected"   # in Runtime.warned: the driver refused an NVRTC cubin
+_REJECTED = "nvrtc-cubin-rejected"  # in Runtime.warned: the driver refused an NVRTC cubin
 
 
 def use_nvrtc() -> bool:
@@ -65,6 +65,7 @@ def use_nvrtc() -> bool:
     not 0, and the driver has not refused an NVRTC cubin in this process) rather than by nvcc."""
     from .. import nvrtc
     from ...runtime import default_runtime
+
     return not nvrtc.disabled() and nvrtc.available() and _REJECTED not in default_runtime().warned
 
 
@@ -77,6 +78,7 @@ def compiler_version() -> str:
     """The compiler that makes this process's cubins (part of the device fingerprint)."""
     if use_nvrtc():
         from .. import nvrtc
+
         return nvrtc.version()
     return cache.tool_version(nvcc_command())
 
@@ -88,6 +90,7 @@ def cubin_path(source: str, arch: str, name: str) -> Path:
     parallel threads, the cache's per-entry lock keeps one source from compiling twice."""
     if use_nvrtc():
         from .. import nvrtc
+
         return nvrtc.build_cubin(source, arch, name)
     return cubin_path_nvcc(source, arch, name)
 
@@ -95,8 +98,14 @@ def cubin_path(source: str, arch: str, name: str) -> Path:
 def cubin_path_nvcc(source: str, arch: str, name: str) -> Path:
     """:func:`cubin_path` through nvcc whatever is installed (tests compare the two compilers)."""
     cmd = nvcc_command()
-    return cache.build(source, ".cubin", lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
-                       _key_parts(arch), name, source_suffix=".cu")
+    return cache.build(
+        source,
+        ".cubin",
+        lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
+        _key_parts(arch),
+        name,
+        source_suffix=".cu",
+    )
 
 
 def compile_cubin(source: str, arch: str, name: str) -> bytes:
@@ -123,6 +132,7 @@ def is_cached(source: str, arch: str, name: str) -> bool:
     """Whether the cubin of ``source`` for ``arch`` is in the compile cache (nothing is compiled)."""
     if use_nvrtc():
         from .. import nvrtc
+
         return nvrtc.lookup_cubin(source, arch, name) is not None
     return cache.lookup(source, ".cubin", _key_parts(arch), name, source_suffix=".cu") is not None
 
@@ -140,11 +150,13 @@ def load_module(dev, source: str, name: str):
                 # a driver older than the NVRTC that made the cubin: nvcc from now on in this process
                 import logging
                 from ...runtime import default_runtime
+
                 default_runtime().warned.add(_REJECTED)
                 logging.getLogger("asp_gmm").warning(
                     "asp_gmm: the CUDA driver refused a cubin compiled by NVRTC (%s); compiling with nvcc from now "
                     "on (install an nvidia-cuda-nvrtc matching the driver's CUDA version, or set ASP_GMM_NVRTC=0)",
-                    exc)
+                    exc,
+                )
             path = cubin_path(source, dev.arch, name)
             return dev.drv.module_from_buffer(path.read_bytes()), path
 

@@ -3,6 +3,7 @@ that says whether CUDA can run here, and the device fingerprint the tuning histo
 
 pycuda is imported lazily and CUDA initialised on first use (never at ``import asp_gmm``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,7 +56,7 @@ class _Device:
         optin = getattr(a, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", None)
         self.attrs["smem_optin"] = self.dev.get_attribute(optin) if optin is not None else self.attrs["smem_per_block"]
         cc = self.dev.compute_capability()
-        self.attrs["cc"] = 10 * cc[0] + cc[1]   # compute capability, e.g. 90 (limits: tensor-core variants)
+        self.attrs["cc"] = 10 * cc[0] + cc[1]  # compute capability, e.g. 90 (limits: tensor-core variants)
         self.arch = f"sm_{cc[0]}{cc[1]}"
         self.name = self.dev.name()
         self.memory = self.dev.total_memory()
@@ -70,9 +71,15 @@ class _Device:
 
     def fingerprint(self) -> dict:
         """The device as the tuning history knows it (model, arch, SMs, memory, driver, nvcc)."""
-        return {"backend": "cuda", "model": self.name, "arch": self.arch, "sm_count": self.attrs["sm_count"],
-                "memory": self.memory, "driver": self.drv.get_driver_version(),
-                "compiler": compiler_version()}
+        return {
+            "backend": "cuda",
+            "model": self.name,
+            "arch": self.arch,
+            "sm_count": self.attrs["sm_count"],
+            "memory": self.memory,
+            "driver": self.drv.get_driver_version(),
+            "compiler": compiler_version(),
+        }
 
 
 @lru_cache(maxsize=1)
@@ -91,6 +98,8 @@ def _probe() -> str | None:
         return "no CUDA GPU is present"
     nv = nvcc_command()
     if not use_nvrtc() and shutil.which(nv[0]) is None and not os.path.exists(nv[0]):
-        return ("neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc (the CUDA compiler) was "
-                "found; install one, or set ASP_GMM_NVCC")
+        return (
+            "neither NVRTC (pip install cuda-bindings nvidia-cuda-nvrtc) nor nvcc (the CUDA compiler) was "
+            "found; install one, or set ASP_GMM_NVCC"
+        )
     return None

@@ -44,6 +44,7 @@ into its E-step (V7): its means launch must write ``nk``, ``mu64``, ``mu`` and c
 ``asp_means`` does, and its E-step must back the parameters up (``params`` -> ``backup``, ``pvec``
 16-byte words) and write what the E-step signature above writes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ class Launch:
     grid: tuple
     block: tuple
     shared: str = "0"
-    args: tuple = ()        # argument names (ARG_TYPES); empty: the phase's standard signature
+    args: tuple = ()  # argument names (ARG_TYPES); empty: the phase's standard signature
     #: where a covariance variant's kernel runs in the EM iteration: "covariance" (default, after the
     #: core's moments and means), "means" (instead of them) or "estep" (instead of the E-step). A
     #: variant with an "estep" launch fuses its sums into the E-step and brings its own means.
@@ -70,17 +71,24 @@ class Launch:
         def dims(v):
             v = v if isinstance(v, (list, tuple)) else [v]
             return tuple(str(e) for e in v)
+
         args = tuple(table.get("args", ()))
         unknown = [a for a in args if a not in ARG_TYPES]
         if unknown:
-            raise ValueError(f"launch of {table['kernel']!r} names unknown arguments {unknown}; "
-                             f"known: {sorted(ARG_TYPES)}")
+            raise ValueError(
+                f"launch of {table['kernel']!r} names unknown arguments {unknown}; known: {sorted(ARG_TYPES)}"
+            )
         phase = table.get("phase", "covariance")
         if phase not in ("covariance", "means", "estep"):
-            raise ValueError(f"launch of {table['kernel']!r}: unknown phase {phase!r} "
-                             "(covariance, means or estep)")
-        return cls(table["kernel"], dims(table.get("grid", "1")), dims(table.get("block", "threads")),
-                   str(table.get("shared", "0")), args, phase)
+            raise ValueError(f"launch of {table['kernel']!r}: unknown phase {phase!r} (covariance, means or estep)")
+        return cls(
+            table["kernel"],
+            dims(table.get("grid", "1")),
+            dims(table.get("block", "threads")),
+            str(table.get("shared", "0")),
+            args,
+            phase,
+        )
 
     def signature(self, default: tuple) -> str:
         return "".join(ARG_TYPES[a] for a in (self.args or default))
@@ -94,10 +102,30 @@ class Launch:
 
 
 #: Names a launch table's ``args`` may use, with their pycuda types (P: device pointer, i: int32).
-ARG_TYPES = {"xt": "P", "resp": "P", "means": "P", "nk": "P", "acc": "P", "scratch": "P",
-             "prec": "P", "logc": "P", "logp": "P", "stat": "P", "n": "i", "ldn": "i", "d": "i", "m": "i",
-             "mu64": "P", "w64": "P", "params": "P", "backup": "P", "pvec": "i",
-             "bmu64": "P", "bprec": "P", "blogc": "P"}
+ARG_TYPES = {
+    "xt": "P",
+    "resp": "P",
+    "means": "P",
+    "nk": "P",
+    "acc": "P",
+    "scratch": "P",
+    "prec": "P",
+    "logc": "P",
+    "logp": "P",
+    "stat": "P",
+    "n": "i",
+    "ldn": "i",
+    "d": "i",
+    "m": "i",
+    "mu64": "P",
+    "w64": "P",
+    "params": "P",
+    "backup": "P",
+    "pvec": "i",
+    "bmu64": "P",
+    "bprec": "P",
+    "blogc": "P",
+}
 #: The standard argument lists (the order of ASP_COV_ARGS and of the E-step kernels).
 COV_ARGS = ("xt", "resp", "means", "nk", "acc", "scratch", "n", "ldn")
 ESTEP_ARGS = ("xt", "means", "prec", "logc", "resp", "logp", "stat", "n", "ldn")
@@ -116,7 +144,6 @@ def launches(variant: registry.Variant) -> list:
     return [Launch.parse(t) for t in tables]
 
 
-
 #: Signatures of the EM core's kernels (``variants/cuda/core``), which have no launch tables.
 CORE_SIGNATURES = {
     "asp_transpose": "PPii",
@@ -132,7 +159,7 @@ class _Module:
     """A loaded cubin: prepared functions with their launch descriptions."""
 
     module: object
-    funcs: list            # [(Launch, function)]
+    funcs: list  # [(Launch, function)]
     scratch: str = "0"
     tunables: dict = None
     zero_acc: bool = False  # the manifest asks for acc to be zeroed before the launches
@@ -144,7 +171,6 @@ class _Module:
         return any(spec.phase == "estep" for spec, _ in self.funcs)
 
 
-
 def plan_launches(mod: _Module, env: dict, default_args: tuple, scratch_bytes: bool = False, phase=None):
     """``(scratch bytes, [(kernel, function, grid, block, shared, argument names)])`` of a loaded
     module's launches (those of ``phase`` when given), their expressions evaluated over ``env`` (the
@@ -154,6 +180,9 @@ def plan_launches(mod: _Module, env: dict, default_args: tuple, scratch_bytes: b
     if mod.variant is not None:
         mod.variant.derive(env)
     nbytes = int(registry.evaluate(mod.scratch, env)) if scratch_bytes else 0
-    confs = [(spec.kernel, fn) + spec.config(env) + (spec.args or default_args,) for spec, fn in mod.funcs
-             if phase is None or spec.phase == phase]
+    confs = [
+        (spec.kernel, fn) + spec.config(env) + (spec.args or default_args,)
+        for spec, fn in mod.funcs
+        if phase is None or spec.phase == phase
+    ]
     return nbytes, confs

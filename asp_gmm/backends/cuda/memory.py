@@ -26,6 +26,7 @@ uploading it again. Every other array is uploaded on every session: its contents
 calls, a merely read-only one too (its owner can make it writeable again). Session buffers are
 pooled by (D, M, cvtype, dtype) and a capacity in events, so calls on data of varying N reuse them.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -56,7 +57,6 @@ def _capacity(n: int) -> int:
     return -(-n // step) * step
 
 
-
 class DeviceMemory:
     """The pool of idle session buffers and the resident data sets of one device (thread-safe).
 
@@ -65,10 +65,10 @@ class DeviceMemory:
     """
 
     def __init__(self, device_getter):
-        self._device = device_getter      # () -> _Device, created on first use
+        self._device = device_getter  # () -> _Device, created on first use
         self._lock = threading.RLock()
-        self._pool: list = []             # idle _Buffers, least recently released first
-        self._resident = collections.OrderedDict()   # read-only data sets on the device (LRU)
+        self._pool: list = []  # idle _Buffers, least recently released first
+        self._resident = collections.OrderedDict()  # read-only data sets on the device (LRU)
         self._hooked = False
 
     def _hook(self):
@@ -125,9 +125,9 @@ class DeviceMemory:
             dev = self._device()
             self._hook()
             with dev.active():
-                if hit is not None:      # another array now lives at that address
+                if hit is not None:  # another array now lives at that address
                     self._resident.pop(key)[1].free()
-                ldn = _capacity(problem.N)    # the leading dimension of the buffers it runs with
+                ldn = _capacity(problem.N)  # the leading dimension of the buffers it runs with
                 nbytes = max(problem.D * ldn * problem.np_dtype.itemsize, 16)
                 if nbytes > RESIDENT_BYTES:
                     return None
@@ -153,7 +153,7 @@ class _Buffers:
         self.problem = problem
         self.capacity = problem.N
         self.key = (problem.D, problem.M, problem.cvtype, problem.dtype)
-        self.last_n = None     # events of the last session: resp beyond them is stale otherwise
+        self.last_n = None  # events of the last session: resp beyond them is stale otherwise
         N, D, M = problem.N, problem.D, problem.M
         rs = problem.np_dtype.itemsize
         full = problem.cvtype == "full"
@@ -171,7 +171,7 @@ class _Buffers:
             off[name] = rbase + rs * nr
             nr += size
         self.param_bytes = rbase + rs * nr
-        self.param_vec = -(-self.param_bytes // 16)   # 16-byte words copied by asp_moments to the backup
+        self.param_vec = -(-self.param_bytes // 16)  # 16-byte words copied by asp_moments to the backup
         self.sizes = {"w64": M, "mu64": M * D, "cov64": M * covcells, "mu": M * D}
         core = registry.get("cuda", "core", "core")
         self.mom_blocks = int(core.default_tunables()["mom_blocks"])
@@ -180,8 +180,14 @@ class _Buffers:
                 alloc = drv.mem_alloc
                 self.xt = None
                 self.xt_bytes = max(D * ldn * rs, 16)
-                self.nbytes = (self.xt_bytes + (M + 1) * ldn * rs + 32 * self.param_vec + 8 * M
-                               + 8 * self.mom_blocks * M * (D + 1) + 8 * M * cells)
+                self.nbytes = (
+                    self.xt_bytes
+                    + (M + 1) * ldn * rs
+                    + 32 * self.param_vec
+                    + 8 * M
+                    + 8 * self.mom_blocks * M * (D + 1)
+                    + 8 * M * cells
+                )
                 self.resp = alloc(max(M * ldn * rs, 16))
                 self.logp = alloc(ldn * rs)
                 self.params = alloc(16 * self.param_vec)
@@ -225,8 +231,7 @@ class _Buffers:
 
     def free(self):
         with self._dev.active():
-            for name in ("xt", "resp", "logp", "params", "backup", "nk", "part", "acc", "work", "stat",
-                         "scratch"):
+            for name in ("xt", "resp", "logp", "params", "backup", "nk", "part", "acc", "work", "stat", "scratch"):
                 a = getattr(self, name, None)
                 if a is not None:
                     a.free()
@@ -242,15 +247,16 @@ def _upload_transposed(dev, X: np.ndarray, dst, N: int, D: int, ldn: int, transp
             drv.memcpy_htod(tmp, X)
             total = D * ldn
             try:
-                transpose_fn.prepared_call((-(-total // 256), 1), (256, 1, 1), int(tmp), int(dst),
-                                           np.int32(N), np.int32(ldn))
+                transpose_fn.prepared_call(
+                    (-(-total // 256), 1), (256, 1, 1), int(tmp), int(dst), np.int32(N), np.int32(ldn)
+                )
                 drv.Context.synchronize()
             except drv.Error as exc:
-                raise KernelError(f"CUDA kernel asp_transpose (grid=({-(-total // 256)}, 1), block=256) "
-                                  f"failed: {exc}") from None
+                raise KernelError(
+                    f"CUDA kernel asp_transpose (grid=({-(-total // 256)}, 1), block=256) failed: {exc}"
+                ) from None
         finally:
             tmp.free()
-
 
 
 def _transpose_on_device(dev, X, dst, N: int, D: int, ldn: int, transpose_fn):
@@ -258,16 +264,20 @@ def _transpose_on_device(dev, X, dst, N: int, D: int, ldn: int, transpose_fn):
     into dst [D][ldn] on the device, with no copy through the host."""
     info = cuda_arrays.describe(X)
     if info["shape"] != (N, D) or not info["contiguous"]:
-        raise KernelError(f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
-                          f"C-contiguous ({N}, {D})")
+        raise KernelError(
+            f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
+            f"C-contiguous ({N}, {D})"
+        )
     drv = dev.drv
     with dev.active():
         total = D * ldn
         try:
-            drv.Context.synchronize()     # the producer's pending writes to X
-            transpose_fn.prepared_call((-(-total // 256), 1), (256, 1, 1), info["ptr"], int(dst),
-                                       np.int32(N), np.int32(ldn))
+            drv.Context.synchronize()  # the producer's pending writes to X
+            transpose_fn.prepared_call(
+                (-(-total // 256), 1), (256, 1, 1), info["ptr"], int(dst), np.int32(N), np.int32(ldn)
+            )
             drv.Context.synchronize()
         except drv.Error as exc:
-            raise KernelError(f"CUDA kernel asp_transpose on a device array (grid=({-(-total // 256)}, 1), "
-                              f"block=256) failed: {exc}") from None
+            raise KernelError(
+                f"CUDA kernel asp_transpose on a device array (grid=({-(-total // 256)}, 1), block=256) failed: {exc}"
+            ) from None

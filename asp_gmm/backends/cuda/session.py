@@ -11,6 +11,7 @@ Errors from the driver are raised as :class:`~asp_gmm.errors.KernelError` naming
 grid and block; ``ASP_GMM_CUDA_SYNC=1`` synchronises after every launch to pin asynchronous faults
 on the launch that caused them.
 """
+
 from __future__ import annotations
 
 import math
@@ -58,11 +59,11 @@ class CudaSession(Session):
         self.buf = backend.memory.acquire(problem, exact=resident is not None)
         self._closed = False
         self._stale = True
-        self._fused_sums = None    # the fused variant whose M-step sums the last E-step left, if any
-        self._resp_whole = False   # whether resp holds every row of the last E-step (a fused one may
-                                   # store only the rows its exact fallback needs)
+        self._fused_sums = None  # the fused variant whose M-step sums the last E-step left, if any
+        self._resp_whole = False  # whether resp holds every row of the last E-step (a fused one may
+        # store only the rows its exact fallback needs)
         self._launched = []
-        self._plans, self._calls = {}, {}   # launch configurations and argument lists, per module
+        self._plans, self._calls = {}, {}  # launch configurations and argument lists, per module
         self.phase_seconds = []
         self._sync_each = settings().cuda_sync
         b = self.buf
@@ -76,12 +77,26 @@ class CudaSession(Session):
                 self.xt = resident[0]
             else:
                 self.xt = b.own_xt()
-                if cuda_arrays.is_cuda_array(X):    # a PyTorch/CuPy array: transposed where it lies
-                    _transpose_on_device(self.dev, cuda_arrays.in_dtype(X, problem.np_dtype), self.xt, problem.N,
-                                         problem.D, b.ldn, self._fn["asp_transpose"])
+                if cuda_arrays.is_cuda_array(X):  # a PyTorch/CuPy array: transposed where it lies
+                    _transpose_on_device(
+                        self.dev,
+                        cuda_arrays.in_dtype(X, problem.np_dtype),
+                        self.xt,
+                        problem.N,
+                        problem.D,
+                        b.ldn,
+                        self._fn["asp_transpose"],
+                    )
                 else:
-                    _upload_transposed(self.dev, np.ascontiguousarray(X, dtype=problem.np_dtype), self.xt,
-                                       problem.N, problem.D, b.ldn, self._fn["asp_transpose"])
+                    _upload_transposed(
+                        self.dev,
+                        np.ascontiguousarray(X, dtype=problem.np_dtype),
+                        self.xt,
+                        problem.N,
+                        problem.D,
+                        b.ldn,
+                        self._fn["asp_transpose"],
+                    )
         except BaseException:
             self.close()
             raise
@@ -106,15 +121,17 @@ class CudaSession(Session):
             if self._sync_each:
                 self.buf.stream.synchronize()
         except self.drv.Error as exc:
-            raise KernelError(f"CUDA kernel {name} (grid={grid}, block={block}, shared={shared} bytes) "
-                              f"failed: {exc}") from None
+            raise KernelError(
+                f"CUDA kernel {name} (grid={grid}, block={block}, shared={shared} bytes) failed: {exc}"
+            ) from None
 
     def _sync(self):
         try:
             self.buf.stream.synchronize()
         except self.drv.Error as exc:
-            raise KernelError(f"a CUDA kernel failed ({exc}); launched since the last check: "
-                              + "; ".join(self._launched[-12:])) from None
+            raise KernelError(
+                f"a CUDA kernel failed ({exc}); launched since the last check: " + "; ".join(self._launched[-12:])
+            ) from None
         self._launched.clear()
 
     def _read_stat(self):
@@ -135,24 +152,52 @@ class CudaSession(Session):
     def _factor(self, reg_covar: float, mode: int):
         b, M = self.buf, self.problem.M
         ft = int(self.core.tunables["factor_threads"])
-        self._launch("asp_factor", self._fn["asp_factor"], (M, 1), (ft, 1, 1),
-                     int(b.acc), int(b.nk), b.ptr("w64"), b.ptr("cov64"), b.ptr("logdet"), b.ptr("prec"),
-                     b.ptr("logc"), int(b.work) if b.work is not None else 0, int(b.stat),
-                     np.float64(reg_covar), np.int32(mode), np.int32(self.m_live))
+        self._launch(
+            "asp_factor",
+            self._fn["asp_factor"],
+            (M, 1),
+            (ft, 1, 1),
+            int(b.acc),
+            int(b.nk),
+            b.ptr("w64"),
+            b.ptr("cov64"),
+            b.ptr("logdet"),
+            b.ptr("prec"),
+            b.ptr("logc"),
+            int(b.work) if b.work is not None else 0,
+            int(b.stat),
+            np.float64(reg_covar),
+            np.int32(mode),
+            np.int32(self.m_live),
+        )
 
     def _args(self, names, scratch=None) -> list:
         b, p = self.buf, self.problem
-        val = {"xt": lambda: int(self.xt), "resp": lambda: int(b.resp), "means": lambda: b.ptr("mu"),
-               "nk": lambda: int(b.nk), "acc": lambda: int(b.acc),
-               "scratch": lambda: int(scratch) if scratch is not None else 0,
-               "prec": lambda: b.ptr("prec"), "logc": lambda: b.ptr("logc"), "logp": lambda: int(b.logp),
-               "stat": lambda: int(b.stat), "n": lambda: np.int32(p.N), "ldn": lambda: np.int32(b.ldn),
-               "d": lambda: np.int32(p.D), "m": lambda: np.int32(p.M),
-               "mu64": lambda: b.ptr("mu64"), "w64": lambda: b.ptr("w64"), "params": lambda: int(b.params),
-               "backup": lambda: int(b.backup), "pvec": lambda: np.int32(b.param_vec),
-               # the parameters of the last E-step (every E-step copies them to the backup)
-               "bmu64": lambda: int(b.backup) + b.off["mu64"], "bprec": lambda: int(b.backup) + b.off["prec"],
-               "blogc": lambda: int(b.backup) + b.off["logc"]}
+        val = {
+            "xt": lambda: int(self.xt),
+            "resp": lambda: int(b.resp),
+            "means": lambda: b.ptr("mu"),
+            "nk": lambda: int(b.nk),
+            "acc": lambda: int(b.acc),
+            "scratch": lambda: int(scratch) if scratch is not None else 0,
+            "prec": lambda: b.ptr("prec"),
+            "logc": lambda: b.ptr("logc"),
+            "logp": lambda: int(b.logp),
+            "stat": lambda: int(b.stat),
+            "n": lambda: np.int32(p.N),
+            "ldn": lambda: np.int32(b.ldn),
+            "d": lambda: np.int32(p.D),
+            "m": lambda: np.int32(p.M),
+            "mu64": lambda: b.ptr("mu64"),
+            "w64": lambda: b.ptr("w64"),
+            "params": lambda: int(b.params),
+            "backup": lambda: int(b.backup),
+            "pvec": lambda: np.int32(b.param_vec),
+            # the parameters of the last E-step (every E-step copies them to the backup)
+            "bmu64": lambda: int(b.backup) + b.off["mu64"],
+            "bprec": lambda: int(b.backup) + b.off["prec"],
+            "blogc": lambda: int(b.backup) + b.off["logc"],
+        }
         return [val[a]() for a in names]
 
     def _plan(self, mod: _Module, default_args: tuple, scratch_bytes: bool = False, phase=None):
@@ -168,8 +213,9 @@ class CudaSession(Session):
         key = (id(confs), int(scratch) if scratch is not None else 0)
         calls = self._calls.get(key)
         if calls is None:
-            calls = self._calls[key] = [(k, fn, g, bl, tuple(self._args(names, scratch)), sh)
-                                        for k, fn, g, bl, sh, names in confs]
+            calls = self._calls[key] = [
+                (k, fn, g, bl, tuple(self._args(names, scratch)), sh) for k, fn, g, bl, sh, names in confs
+            ]
         for k, fn, g, bl, args, sh in calls:
             self._launch(k, fn, g, bl, *args, shared=sh)
 
@@ -181,13 +227,34 @@ class CudaSession(Session):
         the undo of a failed step), the status is cleared (as asp_reset) and, with ``zero_cells``, the
         first zero_cells acc cells of every component are zeroed (for variants with zero_acc)."""
         b, M = self.buf, self.problem.M
-        self._launch("asp_moments", self._fn["asp_moments"], (b.mom_blocks, self.core.mom_grid_y),
-                     (self.core.mom_threads, 1, 1),
-                     int(self.xt), int(b.resp), int(b.part), np.int32(self.problem.N), np.int32(b.ldn),
-                     int(b.params), int(b.backup), np.int32(b.param_vec))
-        self._launch("asp_means", self._fn["asp_means"], (M, 1), (256, 1, 1),
-                     int(b.part), np.int32(b.mom_blocks), int(b.nk), b.ptr("mu64"), b.ptr("mu"),
-                     int(b.stat), int(b.acc), np.int32(zero_cells))
+        self._launch(
+            "asp_moments",
+            self._fn["asp_moments"],
+            (b.mom_blocks, self.core.mom_grid_y),
+            (self.core.mom_threads, 1, 1),
+            int(self.xt),
+            int(b.resp),
+            int(b.part),
+            np.int32(self.problem.N),
+            np.int32(b.ldn),
+            int(b.params),
+            int(b.backup),
+            np.int32(b.param_vec),
+        )
+        self._launch(
+            "asp_means",
+            self._fn["asp_means"],
+            (M, 1),
+            (256, 1, 1),
+            int(b.part),
+            np.int32(b.mom_blocks),
+            int(b.nk),
+            b.ptr("mu64"),
+            b.ptr("mu"),
+            int(b.stat),
+            int(b.acc),
+            np.int32(zero_cells),
+        )
 
     def _variant_phase(self, mod: _Module, phase: str):
         """A covariance variant's launches of one phase. A variant asking for zeroed acc gets it from
@@ -220,7 +287,8 @@ class CudaSession(Session):
         if not math.isfinite(ll):
             raise NonFiniteError(
                 f"the log-likelihood is not finite ({ll}): a component has collapsed onto a few events or "
-                "the data has an extreme range. Increase reg_covar, use fewer components, or scale the data.")
+                "the data has an extreme range. Increase reg_covar, use fewer components, or scale the data."
+            )
 
     # ------------------------------------------------------------------ Session API
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
@@ -230,14 +298,20 @@ class CudaSession(Session):
         if pad:
             # padding components: copies of component 0 (finite, positive definite) of weight 0
             weights = np.concatenate([np.asarray(weights, np.float64), np.zeros(pad)])
-            means, covars = (np.concatenate([a, np.repeat(a[:1], pad, axis=0)])
-                             for a in (np.asarray(means, np.float64), np.asarray(covars, np.float64)))
+            means, covars = (
+                np.concatenate([a, np.repeat(a[:1], pad, axis=0)])
+                for a in (np.asarray(means, np.float64), np.asarray(covars, np.float64))
+            )
         with self.dev.active():
             host = np.zeros(b.param_bytes, np.uint8)
-            for name, arr, dt in (("w64", weights, np.float64), ("mu64", means, np.float64),
-                                  ("cov64", covars, np.float64), ("mu", means, rt)):
+            for name, arr, dt in (
+                ("w64", weights, np.float64),
+                ("mu64", means, np.float64),
+                ("cov64", covars, np.float64),
+                ("mu", means, rt),
+            ):
                 a = np.ascontiguousarray(np.asarray(arr, dtype=np.float64).astype(dt).reshape(-1))
-                host[b.off[name]: b.off[name] + a.nbytes] = a.view(np.uint8)
+                host[b.off[name] : b.off[name] + a.nbytes] = a.view(np.uint8)
             self.drv.memcpy_htod(b.params, host)
             self._reset()
             self._factor(reg_covar, 0)
@@ -251,9 +325,11 @@ class CudaSession(Session):
         host = np.empty(b.param_bytes, np.uint8)
         with self.dev.active():
             self.drv.memcpy_dtoh(host, b.params)
+
         def get(name, shape):
             n = int(np.prod(shape))
-            return host[b.off[name]: b.off[name] + 8 * n].view(np.float64).reshape(shape).copy()
+            return host[b.off[name] : b.off[name] + 8 * n].view(np.float64).reshape(shape).copy()
+
         D, M = p.D, p.M
         cshape = (M, D, D) if p.cvtype == "full" else (M, D)
         m = self.m_live
@@ -268,7 +344,7 @@ class CudaSession(Session):
         fused = mod.fused
         with self.dev.active():
             if self._stale or (fused and self._fused_sums is not mod) or not (fused or self._resp_whole):
-                self._run_estep(mod if fused else None)   # (a plain M-step reads every row of resp)
+                self._run_estep(mod if fused else None)  # (a plain M-step reads every row of resp)
             ll = self._ll
             trace = [float(ll)]
             e = b.events
@@ -330,8 +406,8 @@ class CudaSession(Session):
             if want_resp:
                 r = np.empty((p.M, b.ldn), p.np_dtype)
                 self.drv.memcpy_dtoh(r, b.resp)
-                resp = np.ascontiguousarray(r[:self.m_live, :p.N].T)
-        return logp[:p.N].copy(), resp
+                resp = np.ascontiguousarray(r[: self.m_live, : p.N].T)
+        return logp[: p.N].copy(), resp
 
     def close(self) -> None:
         if not self._closed:

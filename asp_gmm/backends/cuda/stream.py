@@ -20,6 +20,7 @@ block k + 1 is under way. The block's statistics are re-centred on the current m
 the host (``S2_c = S2_b + n_k (m_b - c)(m_b - c)^T``; the sums of ``r (x - m_b)`` are zero up to
 the ``10 eps`` of the counts).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,7 @@ class CudaStatsRunner(StatsRunner):
         ses = self.session
         self.drv = drv = ses.drv
         self.mod = kernel.handle
-        bp = ses.problem                       # what the binaries run (M may be padded)
+        bp = ses.problem  # what the binaries run (M may be padded)
         D, rs = problem.D, problem.np_dtype.itemsize
         self.m_live = problem.M
         self.cells = bp.cells
@@ -65,12 +66,16 @@ class CudaStatsRunner(StatsRunner):
                 self.res_acc = [drv.pagelocked_zeros(bp.M * self.cells, np.float64) for _ in range(2)]
             except drv.Error as exc:
                 self.close()
-                raise MemoryError(f"could not allocate the streaming buffers for blocks of {problem.N} events: "
-                                  f"{exc}; lower ASP_GMM_BLOCK_BYTES") from None
+                raise MemoryError(
+                    f"could not allocate the streaming buffers for blocks of {problem.N} events: "
+                    f"{exc}; lower ASP_GMM_BLOCK_BYTES"
+                ) from None
         self._n = problem.N
         self._means = None
         self._pool = None
-        self._threads = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        self._threads = min(
+            8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        )
 
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         self.session.set_params(weights, means, covars, reg_covar)
@@ -85,7 +90,7 @@ class CudaStatsRunner(StatsRunner):
         ses = self.session
         if n == self._n:
             return
-        if n < self._n:   # posteriors past n from the longer block must read as zero
+        if n < self._n:  # posteriors past n from the longer block must read as zero
             b = ses.buf
             self.drv.memset_d8_async(b.resp, 0, ses.problem.M * b.ldn * ses.problem.np_dtype.itemsize, b.stream)
         ses.problem = dataclasses.replace(ses.problem, N=n)
@@ -98,16 +103,24 @@ class CudaStatsRunner(StatsRunner):
         b, s = ses.buf, k % 2
         n = X.shape[0]
         if k >= 2:
-            self.copied[s].synchronize()          # the pinned buffer's last copy has left
+            self.copied[s].synchronize()  # the pinned buffer's last copy has left
         self._to_pinned(self.pinned[s][:n], X)
-        self.copy_stream.wait_for_event(self.consumed[s])   # raw[s] transposed by block k - 2
+        self.copy_stream.wait_for_event(self.consumed[s])  # raw[s] transposed by block k - 2
         drv.memcpy_htod_async(self.raw[s], self.pinned[s][:n], self.copy_stream)
         self.copied[s].record(self.copy_stream)
         b.stream.wait_for_event(self.copied[s])
         self._set_rows(n)
         D, ldn = self.problem.D, b.ldn
-        ses._launch("asp_transpose", ses._fn["asp_transpose"], (-(-D * ldn // 256), 1), (256, 1, 1),
-                    int(self.raw[s]), int(ses.xt), np.int32(n), np.int32(ldn))
+        ses._launch(
+            "asp_transpose",
+            ses._fn["asp_transpose"],
+            (-(-D * ldn // 256), 1),
+            (256, 1, 1),
+            int(self.raw[s]),
+            int(ses.xt),
+            np.int32(n),
+            np.int32(ldn),
+        )
         self.consumed[s].record(b.stream)
         mod = self.mod
         ses._reset()
@@ -115,7 +128,7 @@ class CudaStatsRunner(StatsRunner):
             ses._variant_phase(mod, "estep")
         else:
             ses._estep_launch()
-        drv.memcpy_dtoh_async(self.res_stat[s], b.stat, b.stream)   # before the means kernels clear it
+        drv.memcpy_dtoh_async(self.res_stat[s], b.stat, b.stream)  # before the means kernels clear it
         if mod.fused:
             ses._variant_phase(mod, "means")
         else:
@@ -124,7 +137,7 @@ class CudaStatsRunner(StatsRunner):
         drv.memcpy_dtoh_async(self.res_nk[s], b.nk, b.stream)
         drv.memcpy_dtoh_async(self.res_mu[s], b.ptr("mu64"), b.stream)
         drv.memcpy_dtoh_async(self.res_acc[s], b.acc, b.stream)
-        drv.memcpy_dtod_async(b.params, b.backup, b.param_bytes, b.stream)   # the current means again
+        drv.memcpy_dtod_async(b.params, b.backup, b.param_bytes, b.stream)  # the current means again
         self.done[s].record(b.stream)
         ses._launched.clear()
 
@@ -132,15 +145,16 @@ class CudaStatsRunner(StatsRunner):
         """Copy a block into pinned memory on several threads (NumPy releases the GIL): one thread's
         memcpy (5-10 GB/s) is slower than the host-to-device link."""
         n = src.shape[0]
-        parts = min(self._threads, max(1, src.nbytes >> 24))    # slices of at least 16 MiB
+        parts = min(self._threads, max(1, src.nbytes >> 24))  # slices of at least 16 MiB
         if parts <= 1:
             np.copyto(dst, src)
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
+
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="asp_gmm-pin")
         cuts = [n * i // parts for i in range(parts + 1)]
-        list(self._pool.map(lambda i: np.copyto(dst[cuts[i]:cuts[i + 1]], src[cuts[i]:cuts[i + 1]]), range(parts)))
+        list(self._pool.map(lambda i: np.copyto(dst[cuts[i] : cuts[i + 1]], src[cuts[i] : cuts[i + 1]]), range(parts)))
 
     def _collect(self, k: int, n: int) -> BlockStats:
         s, m, D = k % 2, self.m_live, self.problem.D
@@ -152,13 +166,14 @@ class CudaStatsRunner(StatsRunner):
         if not math.isfinite(ll):
             raise NonFiniteError(
                 f"the log-likelihood is not finite ({ll}): a component has collapsed onto a few events or the data "
-                "has an extreme range. Increase reg_covar, use fewer components, or scale the data.")
+                "has an extreme range. Increase reg_covar, use fewer components, or scale the data."
+            )
         nk = self.res_nk[s][:m].copy()
         mb = self.res_mu[s].reshape(-1, D)[:m].copy()
         acc = self.res_acc[s].reshape(-1, self.cells)[:m]
         c = self._means
         live = nk >= _EMPTY
-        mb[~live] = c[~live]                 # an empty component's means kernel kept the current mean
+        mb[~live] = c[~live]  # an empty component's means kernel kept the current mean
         sumx = mb * (nk + _TINY_COUNT)[:, None]
         d = mb - c
         if self.problem.cvtype == "full":
