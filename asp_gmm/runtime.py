@@ -13,6 +13,7 @@ fork hooks when the first history is opened.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 from .config import settings
@@ -47,6 +48,25 @@ class Runtime:
         self._selector = None
         self.warned_slow = False
         self.warned: set = set()
+        self._pool = None  # the background-compile pool, made on first use
+
+    # ------------------------------------------------------------------ background compiles
+    def background_pool(self):
+        """The pool that compiles in the background (one thread per core: gcc runs as a process,
+        NVRTC releases the GIL), made on first use. Compiles not yet started when the interpreter
+        exits are cancelled (those running finish, so no cache entry is left half-written)."""
+        if self._pool is None:
+            with self.lock:
+                if self._pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+                    pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-bg")
+                    register = getattr(threading, "_register_atexit", None)
+                    if register is not None:  # runs before the executor's own exit hook joins its threads
+                        register(lambda: pool.shutdown(wait=False, cancel_futures=True))
+                    self._pool = pool
+        return self._pool
 
     # ------------------------------------------------------------------ selection
     @property

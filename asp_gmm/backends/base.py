@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import dataclasses
 import logging
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -136,25 +135,14 @@ class Session(abc.ABC):
 
 
 _log = logging.getLogger("asp_gmm")
-_pool = None
-_pool_lock = threading.Lock()
 _futures_lock = threading.Lock()
 
 
 def background_pool() -> ThreadPoolExecutor:
-    """The process-wide pool that compiles in the background (one thread per core: gcc runs as a
-    process, NVRTC releases the GIL). Compiles not yet started when the interpreter exits are
-    cancelled (those running finish, so no cache entry is left half-written)."""
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-                _pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-bg")
-                register = getattr(threading, "_register_atexit", None)
-                if register is not None:  # runs before the executor's own exit hook joins its threads
-                    register(lambda: _pool.shutdown(wait=False, cancel_futures=True))
-    return _pool
+    """The default runtime's background-compile pool (:meth:`asp_gmm.runtime.Runtime.background_pool`)."""
+    from ..runtime import default_runtime
+
+    return default_runtime().background_pool()
 
 
 def _logged(fn, what):
