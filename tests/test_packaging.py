@@ -79,6 +79,17 @@ def test_wheel_carries_every_variant_file(wheel):
     assert want and not want - names, f"missing from the wheel: {sorted(want - names)}"
 
 
+def test_wheel_carries_every_module(wheel):
+    """Every Python file of the package and the history is in the wheel (a subpackage missing from
+    setup.cfg's ``packages`` fails only where it is first imported, e.g. the history's tunable search)."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    want = {"asp_gmm/" + p.relative_to(ROOT / "asp_gmm").as_posix() for p in (ROOT / "asp_gmm").rglob("*.py")}
+    want |= {
+        "asp_gmm/tuning_db/" + p.relative_to(ROOT / "tuning_db").as_posix() for p in (ROOT / "tuning_db").rglob("*.py")
+    }
+    assert want and not want - names, f"missing from the wheel: {sorted(want - names)}"
+
+
 def test_installed_wheel_trains_with_every_backend(wheel, tmp_path):
     target = tmp_path / "site"
     r = subprocess.run(
