@@ -109,6 +109,19 @@ class Variant:
                 return f"{self.key}: {lim.reason} (requires {lim.require}; N={problem.N}, D={problem.D}, M={problem.M})"
         return None
 
+    def selectable_for(self, problem: Problem, extra: dict | None = None) -> bool:
+        """Whether the selection may offer this variant for ``problem``: the manifest's ``selectable``
+        (default true; an expression is evaluated like a limit, with the default tunables). A variant
+        that is not selectable still runs when pinned."""
+        sel = self.extra.get("selectable", True)
+        if isinstance(sel, bool):
+            return sel
+        env = dict(problem.as_dict())
+        env.update(self.default_tunables())
+        env.update(extra or {})
+        self.derive(env)
+        return bool(evaluate(sel, env))
+
     def allows(self, problem: Problem, tunables: dict | None = None, extra: dict | None = None) -> bool:
         return self.check(problem, tunables, extra) is None
 
@@ -262,7 +275,12 @@ MANIFEST_KEYS = {
     "scratch": Key((str, int), "bytes of scratch memory (CUDA), an expression", True),
     "zero_acc": Key((bool,), "the accumulator is zeroed before the launches (CUDA)", True),
     "estep_moments": Key((bool,), "the E-step also returns the moments the M-step needs (C diag)", True),
-    "selectable": Key((bool,), "false: never chosen by the selection (pinned or tested only)", True),
+    "selectable": Key(
+        (bool, str),
+        "false: never chosen by the selection (pinned or tested only); an expression: offered to the selection "
+        "only for the problems where it holds (pinning is not restricted)",
+        True,
+    ),
 }
 #: Keys of each ``[[limits]]`` and ``[[launch]]`` table.
 LIMIT_KEYS = {

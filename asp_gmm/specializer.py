@@ -136,11 +136,13 @@ class Specializer:
                     f"pinned variant cannot run this problem: {why}; choose another variant or variant=None"
                 )
             return [Config.of(v, tun)]
-        # a manifest may keep its variant out of automatic selection (selectable = false: measured
-        # slower where it runs; still pinnable and tested); exploring it would only cost compiles
+        # a manifest may keep its variant out of automatic selection (selectable = false, or an
+        # expression: measured slower where it fails; still pinnable and tested); exploring it there would
+        # only cost compiles
         cands = []
+        ctx = self.backend.limit_context()
         for v in self.backend.covariance_variants():
-            tun = self.backend.tunables_for(v, problem) if v.extra.get("selectable", True) else None
+            tun = self.backend.tunables_for(v, problem) if v.selectable_for(problem, ctx) else None
             if tun is not None:  # one walk of the tunables per variant, not a filter and then a pick
                 cands.append(Config.of(v, tun))
         if not cands:
