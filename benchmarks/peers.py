@@ -82,7 +82,10 @@ def bench_asp(X, params, cvtype, k1=2, k2=8):
         g.train(Xr, min_em_iters=k, max_em_iters=k, tol=0.0)
         return time.perf_counter() - t0, g
 
-    for _ in range(12):  # the history explores the variants, then exploits
+    # the history explores the variants and searches their tunables (compiles in the background), then
+    # exploits: up to 60 calls (12 were too few once six variants with tunables run a shape: the
+    # figures of 2026-11-25 after V9 still read "explore"); the reason is reported with the time
+    for _ in range(60):
         _, g = train(k2)
         if g.last_train.reason != "explore":
             break
