@@ -40,6 +40,9 @@ def test_large_d_takes_a_smaller_event_tile_and_the_limit_is_data():
     assert V9.first_allowed(Problem(1000, 1000, 64, "diag", "float32"), extra=CTX)["be"] == 32
     reason = V9.check(Problem(1000, 5000, 64, "diag", "float32"), extra=CTX)
     assert reason is not None and "shared memory" in reason
+    assert V9.allows(Problem(1000, 16, 8192, "diag", "float32"), extra=CTX)
+    reason = V9.check(Problem(1000, 16, 8193, "diag", "float32"), extra=CTX)
+    assert reason is not None and "guarded-component list" in reason
 
 
 REASON = cu.CudaBackend.unavailable_reason()
