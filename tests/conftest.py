@@ -115,3 +115,14 @@ def code_path(source: str) -> str:
         m = _DEFINE.match(line)
         out.append(line if m and m.group(1) in conds else _NUMBER.sub("#", line))
     return "\n".join(out)
+
+
+def check_fit(covars, means, weights, ll, r, rtol=2e-4):
+    """Trained parameters and log-likelihood against a reference result ``r`` (float32 tolerances)."""
+    import pytest
+
+    s = float(np.max(np.abs(r["covars"])))
+    np.testing.assert_allclose(covars, r["covars"], rtol=rtol, atol=rtol * s)
+    np.testing.assert_allclose(means, r["means"], rtol=rtol, atol=rtol * float(np.max(np.abs(r["means"]))))
+    np.testing.assert_allclose(weights, r["weights"], rtol=rtol, atol=rtol)
+    assert ll == pytest.approx(r["loglik"], rel=2e-3)

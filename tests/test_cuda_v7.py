@@ -11,7 +11,7 @@ import pytest
 from asp_gmm import registry
 from asp_gmm.backends import cuda as cu
 from asp_gmm.problem import Problem
-from conftest import init_params, make_blobs, reference_estep, session_vs_reference, train_vs_reference
+from conftest import check_fit, init_params, make_blobs, reference_estep, session_vs_reference, train_vs_reference
 
 V7 = registry.get("cuda", "V7", "covariance")
 SHAPES = [
@@ -130,12 +130,7 @@ REASON = cu.CudaBackend.unavailable_reason()
 gpu = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: {REASON}")
 
 
-def _check(covars, means, weights, ll, r, rtol=2e-4):
-    s = float(np.max(np.abs(r["covars"])))
-    np.testing.assert_allclose(covars, r["covars"], rtol=rtol, atol=rtol * s)
-    np.testing.assert_allclose(means, r["means"], rtol=rtol, atol=rtol * float(np.max(np.abs(r["means"]))))
-    np.testing.assert_allclose(weights, r["weights"], rtol=rtol, atol=rtol)
-    assert ll == pytest.approx(r["loglik"], rel=2e-3)
+_check = check_fit
 
 
 @gpu
