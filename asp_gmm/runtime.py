@@ -131,6 +131,17 @@ class Runtime:
             log.warning("asp_gmm: the tuning history failed (%s); continuing without it", exc)
 
 
+def default_selector():
+    """The selector specializers use unless given one: the default runtime's
+    (:class:`~asp_gmm.selection.HistorySelector`)."""
+    return default_runtime().selector
+
+
+def set_default_selector(selector) -> None:
+    """Install ``selector`` in the default runtime (``None``: a new HistorySelector on next use)."""
+    default_runtime().selector = selector
+
+
 _default_runtime: Runtime | None = None
 _default_lock = threading.Lock()
 

@@ -23,6 +23,7 @@ from . import selection, streaming
 from .backends import get_backend
 from .errors import CompileError, KernelError, VariantNotApplicableError
 from .problem import Problem
+from .runtime import default_runtime
 from .reference import change_per_event
 from .reference import converged as converged_rule
 from .selection import Config
@@ -95,14 +96,28 @@ class Specializer:
         Shorthand for ``policy=Policy(selector)``.
     policy : asp_gmm.selection.Policy, optional
         Decides which configuration runs (and explores) each problem; a new
-        :class:`~asp_gmm.selection.Policy` on the default selector when not given.
+        :class:`~asp_gmm.selection.Policy` on the runtime's selector when not given.
+    runtime : asp_gmm.runtime.Runtime, optional
+        The process state it draws on (backends, shared histories, the default selector); the
+        default runtime when not given.
     """
 
     def __init__(
-        self, backend="auto", selector: selection.Selector | None = None, policy: selection.Policy | None = None
+        self,
+        backend="auto",
+        selector: selection.Selector | None = None,
+        policy: selection.Policy | None = None,
+        runtime=None,
     ):
-        self.backend = get_backend(backend) if isinstance(backend, str) else backend
-        self.policy = policy if policy is not None else selection.Policy(selector)
+        self.runtime = runtime if runtime is not None else default_runtime()
+        self.backend = get_backend(backend, runtime=self.runtime) if isinstance(backend, str) else backend
+        if policy is None:
+            policy = selection.Policy(selector, runtime=self.runtime)
+        elif policy.runtime is None:
+            policy.runtime = self.runtime
+            if policy._selector is not None:
+                policy._selector.bind(self.runtime)
+        self.policy = policy
         self._candidates: dict = {}
 
     @property

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from asp_gmm import autotune  # noqa: E402
 from asp_gmm.backends import get_backend  # noqa: E402
 from asp_gmm.problem import Problem  # noqa: E402
+from asp_gmm.runtime import default_runtime, set_default_selector  # noqa: E402
 from asp_gmm.selection import HistorySelector, RuleSelector, problem_class  # noqa: E402
 from asp_gmm.tuning_db import History  # noqa: E402
 
@@ -132,7 +133,7 @@ def unseen(rows, tolerance=0.05):
     predicted configuration is within ``tolerance`` of the best, for the selector as it runs
     (``predicted``: cost model or nearest neighbour, whichever its history's LOO prefers) and for
     each predictor alone (:mod:`asp_gmm.costmodel`)."""
-    from asp_gmm import costmodel
+    from asp_gmm.selection import costmodel
 
     classes = {(math.log(r["N"]), math.log(r["D"]), math.log(r["M"])): dict(r["times"]) for r in rows}
     nn, n = costmodel.loo_accuracy(classes, costmodel.nearest_predictor, tolerance)
@@ -245,13 +246,13 @@ def overhead(backend_name, calls, log):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((200, 19)).astype(np.float32)
     g = GMM(4, 19, backend=backend_name)
-    selection.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
+    selection.plan.EXPLORE_COMPILE_WORK = 0  # this tiny problem must explore every variant to warm the history
     for _ in range(30):  # explore the variants, then search their tunables until converged
         g.train(X, max_em_iters=3)
         if g.last_train.reason == "history":
             break
     # in isolation, on a copy of that history (the train-call measurement below keeps its own)
-    selection.default_selector().flush()
+    default_runtime().selector.flush()
     iso = History(f"sqlite:///{folder}/isolated.sqlite")
     iso.import_(_export(History(os.environ["ASP_GMM_DB"]), folder))
     sel = HistorySelector(iso)
@@ -270,7 +271,7 @@ def overhead(backend_name, calls, log):
     record_us = (time.perf_counter() - t) / n * 1e6
 
     def run(selector, n):
-        selection.set_default_selector(selector)
+        set_default_selector(selector)
         t = time.perf_counter()
         for _ in range(n):
             GMM(4, 19, backend=backend_name).train(X, max_em_iters=3)
@@ -309,7 +310,7 @@ def overhead(backend_name, calls, log):
         timed.flush()
         timed.spent += time.perf_counter() - t
     finally:
-        selection.set_default_selector(None)
+        set_default_selector(None)
     rule_us, hist_us = statistics.median(rule), statistics.median(hist)
     inside_us = timed.spent / (block * len(hist)) * 1e6
     rows = History(os.environ["ASP_GMM_DB"]).count()

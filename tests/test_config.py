@@ -8,7 +8,7 @@ from asp_gmm import config
 ROOT = Path(__file__).resolve().parents[1]
 #: read outside config.py until the split of the CUDA backend / selection / specializer lands
 #: (tuning_db reads ASP_GMM_DB itself only when called without a URL: it imports nothing of asp_gmm)
-PENDING = {"tuning_db/store.py"}  # tuning_db imports nothing of asp_gmm: default_url() reads ASP_GMM_DB
+PENDING = {"tuning_db/values.py"}  # tuning_db imports nothing of asp_gmm: default_url() reads ASP_GMM_DB
 
 
 def test_defaults_and_fallbacks():

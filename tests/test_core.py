@@ -403,7 +403,7 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     monkeypatch.setattr(type(backend), "kernel_async", lambda self, v, t, p: started.append(v.name))
     g.train(X, max_em_iters=4, tol=0)
     assert g.last_train.explored == ["V2"] and started == []
-    monkeypatch.setattr(selection, "EXPLORE_COMPILE_WORK", 0)
+    monkeypatch.setattr(selection.plan, "EXPLORE_COMPILE_WORK", 0)
     g.train(X, max_em_iters=4, tol=0)
     assert [e.split("(")[0] for e in g.last_train.explored] == ["V2"] and started == ["V1"]
 

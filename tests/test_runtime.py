@@ -36,7 +36,7 @@ if sys.argv[1] == "use":
     import numpy as np
     X = np.random.default_rng(0).standard_normal((300, 2))
     asp_gmm.GMM(2, 2, backend="numpy").train(X, max_em_iters=2)
-    asp_gmm.selection.default_selector().history()
+    asp_gmm.runtime.default_selector().history()
     assert asp_gmm.runtime._default_runtime is not None
     assert any("flush_all_at_exit" in h for h in hooks), hooks
 print("ok")

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asp_gmm import costmodel, search, selection
+from asp_gmm import selection
+from asp_gmm.selection import costmodel, search
 from asp_gmm.problem import Problem
 from asp_gmm.selection import Config, HistorySelector, Policy
 from asp_gmm.specializer import Specializer

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asp_gmm import GMM, selection
+from asp_gmm import GMM
+from asp_gmm.runtime import default_runtime
 from asp_gmm.tuning_db import SCHEMA_VERSION, History, HistoryError, SchemaMismatchError, VariantKey, default_url
 from conftest import make_blobs
 
@@ -406,7 +407,7 @@ def test_a_damaged_history_is_read_around_and_repaired(tmp_path, monkeypatch, rn
             g.train(X, max_em_iters=3)
         assert not [x for x in w if "cannot be used" in str(x.message)]
         assert g.last_train.reason == "explore" and g.last_train.explored
-        selection.default_selector().flush()  # what train recorded
+        default_runtime().selector.flush()  # what train recorded
     assert cli.main(["history", "repair"]) == 0
     assert "deleted 4" in capsys.readouterr().out
     with warnings.catch_warnings():

@@ -126,9 +126,10 @@ class CudaBackend(Backend):
     def _policy(self):
         if self.policy is not None:
             return self.policy
+        from ...runtime import default_runtime
         from ...selection import Policy  # the policy, not the Face: selection imports no backend
 
-        self.policy = Policy()
+        self.policy = Policy(runtime=default_runtime())
         return self.policy
 
     @classmethod

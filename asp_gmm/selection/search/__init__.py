@@ -25,12 +25,12 @@ from __future__ import annotations
 import importlib
 import itertools
 
-from ..errors import ASPGMMError
+from ...errors import ASPGMMError
 
 #: Strategy names -> module (each module defines ``STRATEGY``, an object with ``propose``).
 STRATEGIES = {
-    "coordinate": "asp_gmm.search.coordinate",
-    "exhaustive": "asp_gmm.search.exhaustive",
+    "coordinate": "asp_gmm.selection.search.coordinate",
+    "exhaustive": "asp_gmm.selection.search.exhaustive",
 }
 #: The strategy real calls use.
 DEFAULT = "coordinate"

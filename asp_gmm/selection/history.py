@@ -1,0 +1,363 @@
+"""Selection from the measured history of the device (:class:`HistorySelector`); see
+:mod:`asp_gmm.selection` for the rules."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from ..registry import Config
+from .index import NEIGHBOURS, _Index, problem_class
+from .plan import (
+    PRUNE_FACTOR,
+    PRUNE_MIN_CLASSES,
+    TUNE_PROPOSALS,
+    TUNE_VARIANTS,
+    TUNE_WITHIN,
+    Plan,
+    RuleSelector,
+    Selector,
+    autotune_enabled,
+    log,
+    rule_order,
+)
+
+
+class HistorySelector(Selector):
+    """Selection from the measured history of the device (see the module documentation).
+
+    Parameters
+    ----------
+    history : asp_gmm.tuning_db.History, optional
+        The store to read and record into; by default the one at ``$ASP_GMM_DB`` (or the user data
+        folder), opened on first use and re-opened when ``ASP_GMM_DB`` changes. When it cannot be
+        opened, one warning says why and the fixed rule (:class:`RuleSelector`) decides instead.
+    runtime : asp_gmm.runtime.Runtime, optional
+        Whose shared histories to use without ``history``. A selector made with neither is bound to
+        the runtime of the first specializer (policy) it is given to (:meth:`bind`); until then it
+        decides by the fixed rule.
+    strategy : str, optional
+        The search strategy over tunables (:mod:`asp_gmm.selection.search`; default ``"coordinate"``).
+    """
+
+    def __init__(self, history=None, runtime=None, strategy: str | None = None):
+        from . import search
+
+        self.strategy = search.get(strategy)  # searches the tunables (asp_gmm.selection.search)
+        self._fixed = history
+        self._runtime = runtime  # whose shared history to use (bound by the policy when None)
+        self._rule = RuleSelector()
+        self._lock = threading.RLock()
+        self._indexes: dict = {}  # (id(history), device_id) -> _Index
+        self._devices: dict = {}  # id(backend) -> (backend, device_id, fingerprint)
+        self._vkeys: dict = {}  # Config -> VariantKey
+
+    # ------------------------------------------------------------------ plumbing
+    def history(self):
+        """The :class:`~asp_gmm.tuning_db.History` in use, or ``None`` when it cannot be opened."""
+        if self._fixed is not None:
+            return self._fixed
+        return None if self._runtime is None else self._runtime.shared_history()
+
+    @property
+    def runtime(self):
+        """The :class:`asp_gmm.runtime.Runtime` whose shared history this selector uses (or None)."""
+        return self._runtime
+
+    def bind(self, runtime) -> None:
+        """Use ``runtime``'s shared history, unless given a history or a runtime already."""
+        if self._runtime is None:
+            self._runtime = runtime
+
+    def _disable(self, history, exc) -> None:
+        """Stop using a history that failed mid-run (its runtime warns once)."""
+        if self._runtime is not None:
+            self._runtime.disable(history, exc)
+        elif getattr(history, "_asp_gmm_warned", False) is False:
+            history._asp_gmm_warned = True
+            log.warning("asp_gmm: the tuning history failed (%s); continuing without it", exc)
+
+    def _device(self, backend):
+        d = self._devices.get(id(backend))
+        if d is None or d[0] is not backend:
+            fp = backend.fingerprint()
+            d = self._devices[id(backend)] = (backend, backend.device_id, fp)
+        return d[1], d[2]
+
+    def vkey(self, config: Config):
+        """The history key of ``config`` (memoised by variant identity: hashing a Config is slow)."""
+        v = config.variant
+        k = (id(v), config.tunables)
+        got = self._vkeys.get(k)
+        if got is None or got[0] is not v:
+            from ..tuning_db import VariantKey
+
+            got = self._vkeys[k] = (v, VariantKey.of(v.backend, v.name, dict(config.tunables), v.source_sha256))
+        return got[1]
+
+    def index(self, backend, history=None):
+        """The up-to-date aggregates of ``backend``'s device (for tools and tests)."""
+        history = history or self.history()
+        device_id, _ = self._device(backend)
+        key = (id(history), device_id)
+        with self._lock:
+            view = history.view(device_id)
+            idx = self._indexes.get(key)
+            if idx is None or idx.view is not view:
+                idx = self._indexes[key] = _Index(view)
+            idx.update()
+        return idx
+
+    # ------------------------------------------------------------------ policy
+    def plan(self, backend, problem, candidates, pinned=False) -> Plan:
+        if pinned or len(candidates) <= 1:
+            return self._rule.plan(backend, problem, candidates, pinned)
+        history = self.history()
+        if history is None:
+            return self._rule.plan(backend, problem, candidates, pinned)
+        try:
+            history.maybe_flush()
+            idx = self.index(backend, history)
+        except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
+            self._disable(history, exc)
+            return self._rule.plan(backend, problem, candidates, pinned)
+        with self._lock:  # another thread's record() may be folding rows into the index
+            return self._decide(backend, problem, candidates, idx)
+
+    def _decide(self, backend, problem, candidates, idx) -> Plan:
+        valid = [c for c in candidates if not idx.failed(self.vkey(c), problem)]
+        if not valid:
+            log.debug("every candidate failed before on this device; trying the rule's choice again")
+            return self._rule.plan(backend, problem, candidates)
+        scores = idx.scores(problem_class(problem))
+        options = self._options(backend, problem, valid, scores, idx)
+        untried = [c for c in valid if self.vkey(c) not in scores]
+        best = min(options, key=lambda o: o[1]) if options else None
+        if not autotune_enabled():
+            if not untried:
+                return Plan(best[0], [], "history", why=self._why_best(best, options))
+            ranking, predicted, _, how = self._rank(backend, problem, valid, idx)
+            log.debug(
+                "%s %s for %s on %s (%s)",
+                "predicted" if predicted else "rule",
+                ranking[0].label,
+                problem,
+                backend.name,
+                how,
+            )
+            return Plan(ranking[0], [], "predicted" if predicted else "rule", why=how)
+        pruned, explore, why = [], [], ""
+        if untried:
+            ranking, predicted, rel, how = self._rank(backend, problem, valid, idx)
+            for c in ranking:
+                if c not in untried:
+                    continue
+                r = rel.get(c)
+                if r is not None and r[1] >= PRUNE_MIN_CLASSES and r[0] > math.log(PRUNE_FACTOR):
+                    pruned.append(c)
+                else:
+                    explore.append(c)
+            primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
+            why = how + (
+                f"; pruned {', '.join(c.label for c in pruned)} (predicted > {PRUNE_FACTOR:g}x the best)"
+                if pruned
+                else ""
+            )
+        else:
+            primary = best[0]
+        if not explore:
+            skey = (problem_class(problem), frozenset(self.vkey(c) for c, _ in options), len(valid))
+            explore = idx.searched.get(skey)
+            if explore is None:
+                if len(idx.searched) > 4096:
+                    idx.searched.clear()
+                explore = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
+            explore = list(explore)
+            if explore:
+                why = f"{self.strategy.name} search of the tunables of " + ", ".join(
+                    sorted({c.variant.name for c in explore})
+                )
+        explore = [c for c in explore if c != primary] if untried else explore
+        if not explore:
+            return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
+        done = self.vkey(primary) in idx.sampled.get(problem_class(problem), {})
+        return Plan(primary, explore, "explore", pruned, why, done)
+
+    @staticmethod
+    def _why_best(best, options) -> str:
+        if not best:
+            return ""
+        rest = sorted(t for c, t in options if c != best[0])
+        vs = f", next {rest[0] / best[1]:.2f}x" if rest else ""
+        return f"fastest of {len(options)} measured in the class ({best[1] * 1e9:.3g} ns/event{vs})"
+
+    def _options(self, backend, problem, valid, measured, idx) -> list:
+        """[(config, seconds per event)] measured in this class: the candidates, and tuned
+        configurations of the same variants (same source hash) that the limits allow. Which
+        configurations qualify is remembered per (class, configurations measured, candidates):
+        only their times change from call to call."""
+        vks = [self.vkey(c) for c in valid]
+        ckey = (problem_class(problem), len(measured), tuple(vks))
+        got = idx.options.get(ckey)
+        if got is None:
+            got, by_source = [], {}
+            for c, vk in zip(valid, vks):
+                by_source[(vk.backend, vk.name, vk.source_sha256)] = (c.variant, vk.tunables)
+                if vk in measured:
+                    got.append((c, vk))
+            if len(measured) > len(got):
+                for vk in measured:
+                    src = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                    if src is None or vk.tunables == src[1] or idx.failed(vk, problem):
+                        continue
+                    v, tun = src[0], vk.tunables_dict
+                    if set(tun) != set(v.tunables) or v.check(problem, tun, extra=backend.limit_context()):
+                        continue
+                    got.append((Config.of(v, tun), vk))
+            if len(idx.options) > 4096:
+                idx.options.clear()
+            idx.options[ckey] = got
+        return [(c, measured[vk]) for c, vk in got]
+
+    def _search(self, backend, problem, valid, options, idx) -> list:
+        """Tunable combinations to measure next (the search strategy's proposals) for the variants
+        within :data:`TUNE_WITHIN` of the best measured time, best variant first."""
+        if not options:
+            return []
+        from . import search
+
+        strategy = self.strategy
+        best_by_variant: dict = {}
+        for c, t in options:
+            n = c.variant.name
+            if n not in best_by_variant or t < best_by_variant[n][1]:
+                best_by_variant[n] = (c, t)
+        top = min(t for _, t in best_by_variant.values())
+        out = []
+        ctx = backend.limit_context()
+        start_of = {c.variant.name: c for c in valid}
+        for name, (c, t) in sorted(best_by_variant.items(), key=lambda kv: kv[1][1])[:TUNE_VARIANTS]:
+            v = c.variant
+            if t > TUNE_WITHIN * top or not v.tunables or name not in start_of:
+                continue
+            measured = {search.key(o.params): tt for o, tt in options if o.variant.name == name}
+            for combo in v.tunable_space():  # combinations its limits or failures exclude: never proposed
+                k = search.key(combo)
+                if k not in measured and (
+                    not v.allows(problem, combo, ctx) or idx.failed(self.vkey(Config.of(v, combo)), problem)
+                ):
+                    measured[k] = math.inf
+            for combo in strategy.propose(v.tunables, start_of[name].params, measured, TUNE_PROPOSALS - len(out)):
+                out.append(Config.of(v, combo))
+            if len(out) >= TUNE_PROPOSALS:
+                break
+        return out
+
+    def _rank(self, backend, problem, valid, idx):
+        """Candidates best-first by the prediction for the problem's class.
+
+        Returns ``(ranking, predicted?, {config: (ln(t / t_best predicted), classes it rests on)},
+        one line saying how)``. The predictor is the cost model where it beats the nearest-neighbour
+        rule by leave-one-out on this history, else the nearest-neighbour rule."""
+        base = rule_order(backend, valid)
+        keys = {self.vkey(c): c for c in base}
+        name, model, loo_nn, loo_model = idx.predictor(problem.cvtype, problem.dtype)
+        if model is not None:
+            # the model also ranks tuned configurations of the candidates measured in other classes
+            # (each modelled from enough classes; nearest neighbour would favour the rarely measured)
+            keys = dict(keys)
+            by_source = {(vk.backend, vk.name, vk.source_sha256): c.variant for vk, c in keys.items()}
+            ctx = None
+            for vk in sorted(idx.measured_keys(problem.cvtype, problem.dtype) - set(keys), key=str):
+                v = by_source.get((vk.backend, vk.name, vk.source_sha256))
+                if v is None or idx.failed(vk, problem):
+                    continue  # tuned configurations of the candidates, measured in other classes
+                tun = vk.tunables_dict
+                ctx = backend.limit_context() if ctx is None else ctx
+                if set(tun) == set(v.tunables) and v.allows(problem, tun, extra=ctx):
+                    c = Config.of(v, tun)
+                    keys[vk] = c
+                    base.append(c)
+        pos = {c: i for i, c in enumerate(base)}
+        if model is not None:
+            ranked = model.rank(list(keys), math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M))
+            if ranked:
+                lo = ranked[0][0]
+                npts = len(idx.classes)
+                rel = {keys[k]: (p - lo, npts) for p, k in ranked}
+                ranking = sorted(base, key=lambda c: (0, rel[c][0], pos[c]) if c in rel else (1, 0.0, pos[c]))
+                return (
+                    ranking,
+                    True,
+                    rel,
+                    (f"cost model (leave-one-out {100 * loo_model:.0f}% against nearest {100 * loo_nn:.0f}%)"),
+                )
+        score, weight, count, used = {}, {}, {}, 0
+        for d, ck in idx.nearest(problem):
+            per = idx.scores(ck)
+            here = [(per[vk], vk) for vk in keys if vk in per]
+            if len(here) < 2:
+                continue
+            fastest = min(t for t, _ in here)
+            w = 1.0 / (d + 0.25)
+            for t, vk in here:
+                score[vk] = score.get(vk, 0.0) + w * math.log(t / fastest)
+                weight[vk] = weight.get(vk, 0.0) + w
+                count[vk] = count.get(vk, 0) + 1
+            used += 1
+            if used >= NEIGHBOURS:
+                break
+        if not score:
+            return base, False, {}, "rule order (nothing measured nearby)"
+        ranking = sorted(
+            base,
+            key=lambda c: (
+                (0, score[self.vkey(c)] / weight[self.vkey(c)], pos[c]) if self.vkey(c) in score else (1, 0.0, pos[c])
+            ),
+        )
+        raw = {keys[vk]: score[vk] / weight[vk] for vk in score}
+        lo = min(raw.values())
+        rel = {c: (v - lo, count[self.vkey(c)]) for c, v in raw.items()}
+        return ranking, True, rel, f"nearest {used} measured class(es)"
+
+    def record(
+        self,
+        backend,
+        problem,
+        config,
+        status,
+        seconds=None,
+        cov_seconds=None,
+        repeats=1,
+        sampled_from: int | None = None,
+    ) -> None:
+        if status == "ok" and not (seconds and seconds > 0):
+            return
+        history = self.history()
+        if history is None:
+            return
+        device_id, fp = self._device(backend)
+        try:
+            history.record(
+                device_id,
+                fp,
+                self.vkey(config),
+                problem.N,
+                problem.D,
+                problem.M,
+                problem.cvtype,
+                problem.dtype,
+                status,
+                seconds,
+                cov_seconds,
+                repeats,
+                threads=backend.run_threads(problem),
+                sampled_from=sampled_from,
+            )
+        except Exception as exc:  # noqa: BLE001 - a broken history must not break train()
+            self._disable(history, exc)
+
+    def flush(self) -> None:
+        h = self.history()
+        if h is not None:
+            h.flush()

@@ -1,0 +1,123 @@
+"""The plan (what runs a problem), the selector protocol and the fixed rule used when nothing is
+measured; the exploration constants. See :mod:`asp_gmm.selection`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from ..config import settings
+from ..problem import Problem
+from ..registry import Config
+
+log = logging.getLogger("asp_gmm.selection")
+
+
+@dataclass
+class Plan:
+    """What runs a problem: ``primary`` for the bulk of the iterations, ``explore`` one iteration
+    each first, and why (``reason``)."""
+
+    primary: Config
+    explore: list = field(default_factory=list)
+    reason: str = ""
+    #: configurations left unexplored because a prediction put them far slower than the best
+    pruned: list = field(default_factory=list)
+    #: one line: what the decision rested on (``TrainResult.why``, ``asp-gmm history why``)
+    why: str = ""
+    #: whether ``primary`` has a sampled timing in the class already (sampled exploration then
+    #: need not time it again on the sample)
+    primary_sampled: bool = False
+    #: Candidates to explore that are not compiled: they compile in the background after the call,
+    #: for later calls to explore (a call never waits for an optional compile).
+    compile_later: list = field(default_factory=list)
+    #: ``primary`` is not compiled: it compiles in the background while the call runs on a compiled
+    #: candidate, and the call switches to it once it is ready.
+    primary_in_background: bool = False
+
+
+#: Rule for each backend when nothing has been measured: names in order of preference, with the
+#: reason. C: VF (diagonal, float64) needs no pass over the events of its own; VD (diagonal) reads each
+#: event once per component with no scratch copies; V4 splits
+#: the events, so all cores work for any M (V3 idles cores when M is small);
+#: other backends declare a ``preference`` attribute (list of names) that takes precedence.
+PREFERENCE = {
+    "c": ["VF", "VD", "V4", "V3", "BLAS", "V2", "V1"],
+    # CUDA: V4 fills the GPU for any M; V3 only for M >= SMs
+    "cuda": ["V5", "V4", "V3", "V2", "V1"],
+    "numpy": ["reference"],
+}
+#: E-step variants in order of preference, per backend, used when the history has no E-step timings
+#: for the problem's class (the first one whose limits allow the problem).
+ESTEP_PREFERENCE = {
+    "cuda": ["estep_fast", "estep_tc", "estep"],
+}
+#: Problems with fewer multiply-adds per EM iteration (about N * M * D^2) than this never trigger a
+#: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
+#: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
+EXPLORE_COMPILE_WORK = 1e9
+#: Most of a call's (estimated) time that exploring may take; the rest is left for next calls.
+EXPLORE_FRACTION = 0.10
+#: Fewest events an exploration sample has: below that, fixed costs (thread teams, launches)
+#: blur the per-event times the sample is for.
+SAMPLE_MIN = 32768
+#: An untried candidate predicted this many times slower than the predicted best is not explored.
+PRUNE_FACTOR = 1.5
+#: ... provided the prediction draws on at least this many measured classes.
+PRUNE_MIN_CLASSES = 2
+#: Variants whose (best) time in the class is within this factor of the best get their tunables
+#: searched, at most :data:`TUNE_VARIANTS` of them, :data:`TUNE_PROPOSALS` combinations a call.
+TUNE_WITHIN = 1.25
+TUNE_VARIANTS = 2
+TUNE_PROPOSALS = 6
+
+
+def autotune_enabled() -> bool:
+    """``ASP_GMM_AUTOTUNE=0`` turns measuring and exploring off."""
+    return settings().autotune
+
+
+class Selector:
+    """Interface; also the history-free rule."""
+
+    def plan(self, backend, problem: Problem, candidates: list, pinned: bool = False) -> Plan:
+        raise NotImplementedError
+
+    def record(
+        self,
+        backend,
+        problem: Problem,
+        config: Config,
+        status: str,
+        seconds: float | None = None,
+        cov_seconds: float | None = None,
+        repeats: int = 1,
+        sampled_from: int | None = None,
+    ) -> None:
+        """Report one measurement (status "ok") or failure ("compile-failed", "launch-failed",
+        "invalid"). ``problem`` is what ran; ``sampled_from``: the N of the call whose events
+        were sampled (the timing then stands for that problem's class). The rule keeps nothing."""
+
+    def bind(self, runtime) -> None:
+        """Called by the policy it is given to, with the specializer's runtime (a selector that reads
+        the runtime's shared history takes it from here)."""
+
+
+def rule_order(backend, candidates: list) -> list:
+    """``candidates`` sorted by the backend's preference list (unlisted ones last, stable)."""
+    order = list(getattr(backend, "preference", None) or PREFERENCE.get(backend.name, []))
+    rank = {n: i for i, n in enumerate(order)}
+    return sorted(candidates, key=lambda c: rank.get(c.variant.name, len(order)))
+
+
+class RuleSelector(Selector):
+    """The documented fixed rule (no history, no exploration)."""
+
+    def plan(self, backend, problem, candidates, pinned=False) -> Plan:
+        if not candidates:
+            raise ValueError(f"no variant of backend {backend.name!r} can run {problem}")
+        if pinned or len(candidates) == 1:
+            return Plan(candidates[0], [], "pinned" if pinned else "only candidate")
+        best = rule_order(backend, candidates)[0]
+        log.debug("rule: %s for %s on %s", best.label, problem, backend.name)
+        return Plan(best, [], "rule")

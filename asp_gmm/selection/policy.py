@@ -1,0 +1,194 @@
+"""The one home of selection policy (:class:`Policy`): the covariance plan, the compile-cost gate on
+exploration, the exploration budget and the E-step choice."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import KernelError
+from ..problem import Problem
+from ..registry import Config
+from .history import HistorySelector
+from .index import problem_class
+from . import plan as _plan
+from .plan import ESTEP_PREFERENCE, EXPLORE_FRACTION, SAMPLE_MIN, Plan, RuleSelector, Selector, rule_order
+
+
+# ---------------------------------------------------------------------------------- the policy
+class Policy:
+    """The one home of selection policy: which configuration runs a problem (exploit, explore,
+    predict: the :class:`Selector`), the compile-cost gate on exploration, and the E-step choice.
+
+    The specializer is given one (or makes one); a backend that chooses among E-step variants asks
+    its policy (:meth:`choose_estep`). Swap it to change the policy; nothing here is global.
+
+    Parameters
+    ----------
+    selector : Selector, optional
+        Plans and records the covariance choice; by default ``runtime``'s selector (a
+        :class:`HistorySelector` on its shared history), looked up on each use, or the fixed rule
+        without a runtime. A selector given here is bound to ``runtime`` (:meth:`Selector.bind`).
+    runtime : asp_gmm.runtime.Runtime, optional
+        The process state whose selector and histories are used (the specializer passes its own).
+    explore_compile_work : float, optional
+        Problems of less work than this per iteration (:attr:`Problem.work`) never compile just to
+        explore on backends whose binaries are shape-specific (:data:`EXPLORE_COMPILE_WORK`).
+    estep_preference : dict, optional
+        Backend name -> E-step variant names in order of preference (:data:`ESTEP_PREFERENCE`).
+    """
+
+    def __init__(
+        self,
+        selector: Selector | None = None,
+        explore_compile_work: float | None = None,
+        estep_preference: dict | None = None,
+        runtime=None,
+    ):
+        self._selector = selector
+        self.runtime = runtime
+        if selector is not None and runtime is not None:
+            selector.bind(runtime)
+        self._explore_compile_work = explore_compile_work
+        self.estep_preference = dict(ESTEP_PREFERENCE if estep_preference is None else estep_preference)
+
+    @property
+    def explore_compile_work(self) -> float:
+        """The work under which exploring never compiles (:data:`asp_gmm.selection.plan.EXPLORE_COMPILE_WORK` unless set)."""
+        w = self._explore_compile_work
+        return _plan.EXPLORE_COMPILE_WORK if w is None else w
+
+    @property
+    def selector(self) -> Selector:
+        if self._selector is not None:
+            return self._selector
+        if self.runtime is not None:
+            return self.runtime.selector
+        return RuleSelector()
+
+    # ------------------------------------------------------------------ covariance
+    def choose(self, backend, problem: Problem, candidates: list, pinned: bool = False, tuning: bool = True) -> Plan:
+        """The plan for ``problem`` among ``candidates`` (configurations whose limits allow it).
+
+        With ``tuning`` off nothing is explored. On a backend with shape-specific binaries, a
+        problem smaller than :attr:`explore_compile_work` explores only what is already compiled
+        and runs a compiled candidate rather than compile the planned one (a compile costs more
+        than a small problem can win back; larger problems and ``asp-gmm tune`` fill in).
+        Elsewhere a call never waits for an optional compile: it explores only what is compiled
+        (``compile_later`` lists the others, compiled in the background after the call), and a
+        planned configuration not compiled yet is compiled in the background while the call runs
+        on a compiled candidate (``primary_in_background``).
+        """
+        plan = self.selector.plan(backend, problem, candidates, pinned=pinned)
+        explore = list(plan.explore) if tuning else []
+        ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+        if backend.shape_specific_binaries and problem.work < self.explore_compile_work:
+            explore = [c for c in explore if ready(c)]
+            if not pinned and not ready(plan.primary):
+                alt = next((c for c in rule_order(backend, candidates) if ready(c)), None)
+                if alt is not None:
+                    plan = dataclasses.replace(
+                        plan, primary=alt, explore=[], reason=plan.reason + ", compiled", primary_sampled=False
+                    )
+            return dataclasses.replace(plan, explore=explore)
+        # a call never waits for an optional compile: it explores what is compiled, the others
+        # compile after it; a planned configuration not compiled yet compiles in the background
+        later = [c for c in explore if not ready(c)]
+        explore = [c for c in explore if c not in later]
+        return dataclasses.replace(
+            plan, explore=explore, compile_later=later, primary_in_background=not pinned and not ready(plan.primary)
+        )
+
+    def record(
+        self,
+        backend,
+        problem: Problem,
+        config: Config,
+        status: str,
+        seconds: float | None = None,
+        cov_seconds: float | None = None,
+        repeats: int = 1,
+        sampled_from: int | None = None,
+    ) -> None:
+        """Report a measurement or a failure to the selector (see :meth:`Selector.record`)."""
+        if sampled_from is None:
+            self.selector.record(backend, problem, config, status, seconds, cov_seconds, repeats)
+        else:
+            self.selector.record(
+                backend, problem, config, status, seconds, cov_seconds, repeats, sampled_from=sampled_from
+            )
+
+    # ------------------------------------------------------------------ exploration budget
+    def sample_size(self, problem: Problem, n_explore: int, max_iters: int) -> int:
+        """Events to explore ``n_explore`` configurations on: ``problem.N`` (explore in place: each
+        explored iteration is one of the call's EM iterations) when that is at most a quarter of
+        the sample the budget allows, else a sample of about :data:`EXPLORE_FRACTION` of the
+        call's events-iterations shared by the explored configurations and the primary (each run
+        for one iteration, each allowed twice the primary's time), at least :data:`SAMPLE_MIN`.
+        """
+        N = problem.N
+        s = max(SAMPLE_MIN, int(EXPLORE_FRACTION * max(max_iters, 1) * N / (2 * (n_explore + 1))))
+        return N if 4 * s > N else s
+
+    def explore_allowance(self, problem: Problem, max_iters: int, seconds_per_event: float) -> float:
+        """Seconds of a call that exploring may take: :data:`EXPLORE_FRACTION` of its estimated time
+        (``max_iters`` iterations of ``problem.N`` events at ``seconds_per_event``, the fastest
+        measured so far)."""
+        return EXPLORE_FRACTION * max(max_iters, 1) * problem.N * seconds_per_event
+
+    # ------------------------------------------------------------------ E-step
+    def choose_estep(self, backend, problem: Problem, candidates: list, pinned: str | None = None):
+        """``(variant, tunables)`` of the E-step for ``problem``.
+
+        Parameters
+        ----------
+        backend : Backend
+        problem : Problem
+            As the binaries run it (padded, for CUDA).
+        candidates : list of (Variant, dict)
+            Every E-step variant of the backend, with the tunables combinations its limits allow
+            (``[(variant, [tunables, ...])]``, first combination first).
+        pinned : str, optional
+            A variant name that must be used (``ASP_GMM_CUDA_ESTEP``).
+
+        The fastest E-step measured on this device for the problem's class when the history has
+        such timings, else the first candidate in :attr:`estep_preference` order.
+        """
+        usable = [(v, tuns) for v, tuns in candidates if tuns]
+        if pinned:
+            usable = [(v, tuns) for v, tuns in usable if v.name == pinned]
+        if not usable:
+            raise KernelError(
+                f"no {backend.name} E-step variant can run {problem}" + (f" (pinned: {pinned})" if pinned else "")
+            )
+        if pinned:
+            return usable[0][0], usable[0][1][0]
+        measured = self._estep_measured(backend, problem, usable)
+        if measured is not None:
+            return measured
+        rank = {n: i for i, n in enumerate(self.estep_preference.get(backend.name, []))}
+        v, tuns = min(usable, key=lambda vt: rank.get(vt[0].name, len(rank)))
+        return v, tuns[0]
+
+    def _estep_measured(self, backend, problem, usable):
+        """The fastest measured E-step configuration among ``usable`` in the problem's class, or
+        None (no history, no timings, or a history that cannot be read)."""
+        sel = self.selector
+        if not isinstance(sel, HistorySelector):
+            return None
+        try:
+            history = sel.history()
+            if history is None:
+                return None
+            idx = sel.index(backend, history)
+        except Exception:  # noqa: BLE001 - a broken history must not break the E-step choice
+            return None
+        measured = idx.classes.get(problem_class(problem), {})
+        if not measured:
+            return None
+        best = None
+        for v, tuns in usable:
+            for tun in tuns:
+                agg = measured.get(sel.vkey(Config.of(v, tun)))
+                if agg is not None and (best is None or agg.median < best[0]):
+                    best = (agg.median, v, tun)
+        return None if best is None else (best[1], best[2])
