@@ -11,6 +11,7 @@ and meanings as :data:`SETTINGS` (``tests/test_config.py`` checks that they agre
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, fields
 
@@ -128,6 +129,35 @@ class Settings:
 
     def names(self) -> list:
         return [f.name for f in fields(self)]
+
+    def nbytes(self, name: str, default):
+        """The byte setting ``name`` (``"ASP_GMM_BLOCK_BYTES"``, ``"ASP_GMM_CHUNK_BYTES"``,
+        ``"ASP_GMM_DEVICE_BUDGET"``) as an int: a number with an optional ``k``/``M``/``G``/``T``
+        suffix (``"2e9"``, ``"512M"``, ``"8G"``); ``default`` when unset. The one parser of byte
+        settings; a bad value raises :class:`~asp_gmm.errors.SettingError` naming it."""
+        raw = getattr(self, _BYTE_SETTINGS[name])
+        if not raw:
+            return default
+        scale = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}.get(raw[-1].lower(), 1)
+        try:
+            val = float(raw[:-1] if scale != 1 else raw) * scale
+        except ValueError:
+            val = float("nan")
+        if not (math.isfinite(val) and val > 0):
+            from .errors import SettingError
+
+            raise SettingError(
+                f"{name}={raw!r} is not a positive number of bytes; give e.g. 2e9, 512M or 8G, or unset it"
+            )
+        return int(val)
+
+
+#: The byte settings :meth:`Settings.nbytes` parses, by environment name.
+_BYTE_SETTINGS = {
+    "ASP_GMM_DEVICE_BUDGET": "device_budget",
+    "ASP_GMM_BLOCK_BYTES": "block_bytes",
+    "ASP_GMM_CHUNK_BYTES": "chunk_bytes",
+}
 
 
 def settings() -> Settings:

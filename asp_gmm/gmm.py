@@ -13,91 +13,15 @@ import numbers
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from . import cuda_arrays, frozen, streaming
-from .errors import StreamError
+from . import cuda_arrays
 from .blas import one_blas_thread
+from .fit import seed, sources
+from .fit.data import Data, _as_dtype, as_data, check_data  # noqa: F401  (check_data: for the drop-in)
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import Problem
 from .specializer import Specializer
 
 __all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze"]
-
-
-def _as_dtype(dtype) -> np.dtype:
-    dt = np.dtype(dtype)
-    if dt not in (np.float32, np.float64):
-        raise TypeError(f"dtype must be float32 or float64, got {dt}")
-    return dt
-
-
-def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", method: str = "train") -> np.ndarray:
-    """Validate and return X as a C-contiguous (N, D) array of ``dtype``; messages name ``method``
-    (the public call that got X: "train", "score", "eval", "predict").
-
-    Integer, boolean, complex or object arrays are refused (convert explicitly); float arrays of the
-    other precision and non-contiguous arrays are converted (a copy). NaN and infinity are looked for
-    on every call, except in an immutable array (:func:`asp_gmm.freeze`) already checked.
-    """
-    call = f"{method}()"
-    if X is None:
-        raise TypeError(f"{name} is None; pass an (N, D) float array" + ("" if method == "train" else f" to {call}"))
-    arr = np.asarray(X)
-    if arr.dtype.kind not in "f":
-        hint = f"{name}.astype(np.{np.dtype(dtype).name})"
-        who = "GMM training" if method == "train" else call
-        raise TypeError(f"{name} has dtype {arr.dtype}; {who} needs floating-point data. Convert it with {hint}.")
-    if arr.ndim != 2:
-        hint = f" For a single feature use {name}.reshape(-1, 1)." if arr.ndim == 1 else ""
-        raise ValueError(f"{name} must be 2-D (N events, D dimensions), got shape {arr.shape}.{hint}")
-    if arr.shape[0] == 0:
-        raise ValueError(
-            f"{name} is empty (0 events); pass at least {max(min_events, 1)} events"
-            + ("" if method == "train" else f" to {call}")
-        )
-    if D is not None and arr.shape[1] != D:
-        raise ValueError(
-            f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
-            f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})"
-        )
-    if arr.shape[0] < min_events:
-        raise ValueError(
-            f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
-            "use fewer components or more data"
-        )
-    given = arr
-    with np.errstate(over="ignore"):
-        arr = np.ascontiguousarray(arr, dtype=dtype)
-    if _FINITE.get(arr):
-        return arr  # immutable and already checked: scoring one data set under many models
-    bad = _first_non_finite(arr)
-    if bad is not None:
-        if given.dtype != arr.dtype and np.isfinite(given[bad]):
-            dt = np.dtype(dtype).name
-            raise ValueError(
-                f"{name} has values beyond the {dt} range (first at row {bad[0]}, column {bad[1]}: "
-                f"{given[bad]:.3g}); scale the data or use dtype=np.float64"
-            )
-        raise ValueError(
-            f"{name} contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); "
-            "remove or impute those events before " + ("training" if method == "train" else call)
-        )
-    _FINITE.put(arr, True)
-    return arr
-
-
-_FINITE = frozen.Memo()
-#: Elements checked for NaN/inf at a time (no N x D temporary; ~3 ms per 10^8 float32 values).
-_CHUNK = 1 << 20
-
-
-def _first_non_finite(arr: np.ndarray):
-    """(row, column) of the first NaN or infinity of the C-contiguous 2-D ``arr``, or ``None``."""
-    flat = arr.reshape(-1)
-    for i in range(0, flat.size, _CHUNK):
-        ok = np.isfinite(flat[i : i + _CHUNK])
-        if not ok.all():
-            return divmod(i + int(np.argmin(ok)), arr.shape[1])
-    return None
 
 
 class GMM:
@@ -193,118 +117,38 @@ class GMM:
     def _problem(self, N: int) -> Problem:
         return Problem(N, self.D, self.M, self.cvtype, self.dtype.name)
 
-    def _seed(self, X: np.ndarray) -> None:
-        """Seed missing parameters from the data: means at distinct events, every covariance the
-        data's (co)variance, equal weights."""
+    def _seed(self, data: Data, sample_weight=None) -> None:
+        """Seed the missing parameters from the data (:mod:`asp_gmm.fit.seed`): means at events at
+        even intervals of the (weighted) data, every covariance the data's (co)variance, equal
+        weights. One pass (two for a callable source with random means) over a streamed source."""
         if self.means is not None and self.covars is not None and self.weights is not None:
             return
-        N = X.shape[0]
-        X64 = X.astype(np.float64)
-        self._check_scale(X64)
+        M, cv = self.M, self.cvtype
+        if data.kind == "host":
+            X = data.X
+            X64 = X.astype(np.float64)
+            self._check_scale(X64)
+            means = X[seed.event_index(data.N, M, self.seed, sample_weight)]
+            with _small_blas(data.N * self.D * self.D if cv == "full" else 0):
+                cov = seed.host_moments(X64, cv, sample_weight)
+            covars = seed.covariances(cov, M, cv, self.reg_covar)
+        elif data.kind == "device":
+            n, _mean, cov = cuda_arrays.seed_stats(data.X, cv)
+            self._check_variance(np.diag(cov) if cv == "full" else cov)
+            means = cuda_arrays.rows(data.X, seed.event_index(n, M, self.seed))
+            covars = seed.covariances(cov, M, cv, self.reg_covar)
+        else:
+            _n, means, covars = seed.seed(
+                data.X, M, self.D, cv, self.dtype, self.reg_covar, self.seed, sources.as_weights(sample_weight)
+            )
+            self._check_variance((np.diagonal(covars[0]) if cv == "full" else covars[0]) - self.reg_covar)
         if self.means is None:
-            if self.seed is None:
-                idx = (np.arange(self.M) * N) // self.M
-            else:
-                idx = np.sort(np.random.default_rng(self.seed).choice(N, self.M, replace=False))
-            self.means = X[idx].astype(self.dtype)
-        if self.covars is None:
-            if self.cvtype == "full":
-                with _small_blas(N * self.D * self.D):
-                    cov = np.atleast_2d(np.cov(X64, rowvar=False, bias=True)) + self.reg_covar * np.eye(self.D)
-                self.covars = np.repeat(cov[None], self.M, axis=0).astype(self.dtype)
-            else:
-                var = X64.var(axis=0) + self.reg_covar
-                self.covars = np.repeat(var[None], self.M, axis=0).astype(self.dtype)
-            if not np.all(np.isfinite(self.covars)) or np.any(
-                (np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0
-            ):
-                raise ValueError(
-                    "the data has zero variance in some dimension; increase reg_covar or drop constant features"
-                )
-        if self.weights is None:
-            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
-
-    def _cuda_data(self, X, method: str, min_events: int = 1):
-        """A CUDA array (PyTorch, CuPy, ``__cuda_array_interface__``/DLPack) checked like
-        :func:`check_data`, on its device, in the model's dtype (converted there if needed)."""
-        X = cuda_arrays.in_dtype(X, self.dtype)
-        info = cuda_arrays.describe(X)
-        shape = info["shape"]
-        call = "" if method == "train" else f" to {method}()"
-        if len(shape) != 2:
-            raise ValueError(f"X must be 2-D (N events, D dimensions), got shape {shape}")
-        if shape[0] == 0:
-            raise ValueError(f"X is empty (0 events); pass at least {max(min_events, 1)} events{call}")
-        if shape[1] != self.D:
-            raise ValueError(
-                f"X has {shape[1]} dimensions but the model has D={self.D}; pass data of shape "
-                f"(N, {self.D}) or build GMM(M, {shape[1]})"
-            )
-        if shape[0] < min_events:
-            raise ValueError(
-                f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer "
-                "components or more data"
-            )
-        bad = cuda_arrays.first_non_finite(X)
-        if bad is not None:
-            raise ValueError(
-                f"X contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); remove or impute "
-                "those events before " + ("training" if method == "train" else f"{method}()")
-            )
-        return X
-
-    def _seed_device(self, X) -> int:
-        """:meth:`_seed` for a CUDA array (statistics on its device); returns N."""
-        n = cuda_arrays.describe(X)["shape"][0]
-        if self.means is not None and self.covars is not None and self.weights is not None:
-            return n
-        n, _mean, cov = cuda_arrays.seed_stats(X, self.cvtype)
-        self._check_variance(np.diag(cov) if self.cvtype == "full" else cov)
-        if self.means is None:
-            if self.seed is None:
-                idx = (np.arange(self.M) * n) // self.M
-            else:
-                idx = np.sort(np.random.default_rng(self.seed).choice(n, self.M, replace=False))
-            self.means = cuda_arrays.rows(X, idx).astype(self.dtype)
-        if self.covars is None:
-            if self.cvtype == "full":
-                full = 0.5 * (cov + cov.T) + self.reg_covar * np.eye(self.D)
-                self.covars = np.repeat(full[None], self.M, axis=0).astype(self.dtype)
-            else:
-                self.covars = np.repeat((cov + self.reg_covar)[None], self.M, axis=0).astype(self.dtype)
-            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
-                raise ValueError(
-                    "the data has zero variance in some dimension; increase reg_covar or drop constant features"
-                )
-        if self.weights is None:
-            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
-        return n
-
-    def _seed_stream(self, X):
-        """``(source, N)`` for a streamed fit; missing parameters seeded as :meth:`_seed` does, from
-        one pass (two for a callable source and random means) over the source."""
-        src = streaming.as_source(X)
-        if src.n_features is not None and src.n_features != self.D:
-            raise StreamError(
-                f"X has {src.n_features} dimensions but the model has D={self.D}; pass data of shape "
-                f"(N, {self.D}) or build GMM(M, {src.n_features})"
-            )
-        if self.means is not None and self.covars is not None and self.weights is not None:
-            return src, src.n_rows or 0
-        n, means, covars = streaming.seed(src, self.M, self.D, self.cvtype, self.dtype, self.reg_covar, self.seed)
-        var = (np.diagonal(covars[0]) if self.cvtype == "full" else covars[0]) - self.reg_covar
-        self._check_variance(var)
-        if self.means is None:
-            self.means = means.astype(self.dtype)
+            self.means = np.asarray(means).astype(self.dtype)
         if self.covars is None:
             self.covars = covars.astype(self.dtype)
-            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
-                raise ValueError(
-                    "the data has zero variance in some dimension; increase reg_covar or drop constant features"
-                )
+            seed.check_covariances(self.covars, cv)
         if self.weights is None:
-            self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
-        return src, n
+            self.weights = seed.equal_weights(M, self.dtype)
 
     def _check_scale(self, X64: np.ndarray) -> None:
         """Refuse data whose variance does not fit the working precision (finite float32 data of scale
@@ -345,6 +189,7 @@ class GMM:
         max_em_iters: int = 10,
         tol: float = 1e-3,
         progress: bool | None = None,
+        sample_weight: ArrayLike | None = None,
     ) -> float:
         """Run EM on X; the first call seeds missing parameters, later calls warm-start.
 
@@ -366,6 +211,13 @@ class GMM:
         progress : bool, optional
             A progress bar per pass of a streamed fit (tqdm); default ``ASP_GMM_PROGRESS`` (auto: on a
             terminal, for passes of 10^7 events or more). Each pass is also logged at INFO.
+        sample_weight : array (N,), optional
+            Non-negative weight of each event: an event of integer weight ``k`` counts as ``k``
+            copies of it (the same model as repeating the rows), weight 0 as a dropped event. For a
+            streamed X: an (N,) array or memmap, or a callable returning a new iterable of (n_i,)
+            weight chunks aligned with X's chunks. Weighted fits run the pass loop
+            (:mod:`asp_gmm.fit.passes`): the backend's E-step gives the posteriors, the weights are
+            folded into them and the sums are taken in float64.
 
         Returns
         -------
@@ -382,17 +234,18 @@ class GMM:
             )
         if not (isinstance(tol, numbers.Real) and tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
-        if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
-            X = self._cuda_data(X, "train", self.M)  # used where it lies
-            N = self._seed_device(X)
-        elif streaming.is_source(X):
-            X, N = self._seed_stream(X)
-        else:
-            if cuda_arrays.is_cuda_array(X):  # another backend than CUDA: its data lives on the host
-                X = cuda_arrays.to_host(X)
-            X = check_data(X, self.D, self.dtype, self.M)
-            self._seed(X)
-            N = X.shape[0]
+        if sample_weight is not None and cuda_arrays.is_cuda_array(X):
+            X = cuda_arrays.to_host(X)  # weighted passes read host blocks
+        data = as_data(X, self.backend, self.D, self.dtype, self.M)
+        if sample_weight is not None and data.kind != "stream":
+            sample_weight = sources.check_weights(sample_weight, data.N)
+            if np.count_nonzero(sample_weight) < self.M:
+                raise ValueError(
+                    f"sample_weight has {np.count_nonzero(sample_weight)} positive values, fewer than the "
+                    f"M={self.M} components; give more events a positive weight or use fewer components"
+                )
+        self._seed(data, sample_weight)
+        X, N = data.X, data.N
         res = self._specializer.train(
             X,
             *self._params64(),
@@ -403,6 +256,7 @@ class GMM:
             float(tol),
             self.variant,
             progress,
+            sample_weight=sample_weight,
         )
         N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)
@@ -436,15 +290,10 @@ class GMM:
         return np.argmax(self._evaluate(X, "predict", True)[1], axis=1)
 
     def _evaluate(self, X, method: str, want_resp: bool):
-        if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
-            X = self._cuda_data(X, method)
-            N = cuda_arrays.describe(X)["shape"][0]
-        else:
-            X = check_data(
-                cuda_arrays.to_host(X) if cuda_arrays.is_cuda_array(X) else X, self.D, self.dtype, method=method
-            )
-            N = X.shape[0]
-        return self._specializer.evaluate(X, *self._params64(method), self._problem(N), self.reg_covar, want_resp)
+        data = as_data(X, self.backend, self.D, self.dtype, method=method)
+        return self._specializer.evaluate(
+            data.X, *self._params64(method), self._problem(data.N), self.reg_covar, want_resp
+        )
 
     def __repr__(self):
         return f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, backend={self.backend!r})"

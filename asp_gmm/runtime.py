@@ -49,6 +49,10 @@ class Runtime:
         self.warned_slow = False
         self.warned: set = set()
         self._pool = None  # the background-compile pool, made on first use
+        from .frozen import Memo
+
+        #: immutable arrays already checked for NaN/inf (:func:`asp_gmm.fit.data.check_data`)
+        self.finite_memo = Memo()
 
     # ------------------------------------------------------------------ background compiles
     def background_pool(self):

@@ -15,11 +15,12 @@ import itertools
 import logging
 import statistics
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import selection, streaming
+from . import selection
+from .fit import passes, sources
+from .fit.result import TrainResult
 from .backends import get_backend
 from .errors import CompileError, KernelError, VariantNotApplicableError
 from .problem import Problem
@@ -33,57 +34,6 @@ log = logging.getLogger("asp_gmm")
 #: Rounds of sampled exploration in one call (the variants, then steps of the tunable search),
 #: each stopped by the policy's allowance of the call's time.
 SAMPLE_ROUNDS = 4
-
-
-@dataclass
-class TrainResult:
-    """Outcome of :meth:`Specializer.train`.
-
-    Attributes
-    ----------
-    weights : ndarray (M,); means : ndarray (M, D); covars : ndarray (M, D, D) or (M, D)
-        Final parameters, float64.
-    loglik : float
-        Total log-likelihood of X under the final parameters.
-    iters : int
-    converged : bool
-    variant : str
-        Label of the configuration that ran the bulk of the iterations (or the last explored one).
-    explored : list of str
-        Configurations tried for one iteration each.
-    reason : str
-        Why the selector chose it ("history", "predicted", "rule", "pinned", ...).
-    why : str
-        What the choice rested on, in one line (measured times, the predictor and its
-        leave-one-out score, pruned candidates, the tunable search).
-    seconds : float
-        Wall time of the call inside the specializer.
-    loglik_trace : list of float
-        Log-likelihood before the first iteration and after each (``iters + 1`` values).
-    n_events : int
-        Events trained on (0: ``problem.N``; a streamed fit counts what its source yielded).
-    """
-
-    weights: np.ndarray
-    means: np.ndarray
-    covars: np.ndarray
-    loglik: float
-    iters: int
-    converged: bool
-    variant: str
-    explored: list
-    reason: str
-    seconds: float
-    loglik_trace: list
-    why: str = ""
-    n_events: int = 0
-
-
-def _start(backend, method: str, *args):
-    """``backend.<method>(*args)`` (a background compile: a Future), or ``None`` for a backend without
-    background compiles (a test double)."""
-    fn = getattr(backend, method, None)
-    return fn(*args) if fn is not None else None
 
 
 class Specializer:
@@ -180,15 +130,31 @@ class Specializer:
         tol: float,
         variant: str | None = None,
         progress: bool | None = None,
+        sample_weight=None,
     ) -> TrainResult:
-        if streaming.wants_stream(X, self.backend, problem):  # a chunk source, or X too big for the device
-            return streaming.em(
-                self, X, weights, means, covars, problem, reg_covar, min_iters, max_iters, tol, variant, progress
+        """EM from the given parameters (float64) on X: the pass loop (:func:`asp_gmm.fit.passes.em`)
+        for a chunk source, an X beyond the device budget or a weighted fit (``sample_weight``,
+        checked by the caller), else the backend's compiled loop with the policy's plan."""
+        if sample_weight is not None or sources.wants_stream(X, self.backend, problem):
+            return passes.em(
+                self,
+                X,
+                weights,
+                means,
+                covars,
+                problem,
+                reg_covar,
+                min_iters,
+                max_iters,
+                tol,
+                variant,
+                progress,
+                sample_weight=sample_weight,
             )
         t_start = time.perf_counter()
         backend = self.backend
         # what every session needs (an EM core...) compiles while the history opens and the plan is made
-        _start(backend, "prepare_async", problem)
+        backend.prepare_async(problem)
         sel = self.policy
         tuning = selection.autotune_enabled()
         plan = sel.choose(
@@ -212,7 +178,7 @@ class Specializer:
             explore = []
         pending = None  # (config, future) of the planned configuration compiling in the background
         if plan.primary_in_background:
-            fut = _start(backend, "kernel_async", plan.primary.variant, plan.primary.params, problem)
+            fut = backend.kernel_async(plan.primary.variant, plan.primary.params, problem)
             if fut is not None:
                 pending = (plan.primary, fut)
         session = backend.open(X, problem)
@@ -335,7 +301,7 @@ class Specializer:
             session.close()
         # the candidates to explore compile after the call, not competing with it for the cores
         for c in plan.compile_later:
-            _start(backend, "kernel_async", c.variant, c.params, problem)
+            backend.kernel_async(c.variant, c.params, problem)
         label = used.label if used is not None else plan.primary.label
         if sample < problem.N:
             explored = sampled
@@ -405,9 +371,9 @@ class Specializer:
         sel = self.policy
         jobs = []
         for p in problems:
-            jobs.append((None, p, _start(self.backend, "prepare_async", p)))
+            jobs.append((None, p, self.backend.prepare_async(p)))
             for cfg in self.candidates(p, variant):
-                jobs.append((cfg, p, _start(self.backend, "kernel_async", cfg.variant, cfg.params, p)))
+                jobs.append((cfg, p, self.backend.kernel_async(cfg.variant, cfg.params, p)))
         ready = 0
         for cfg, p, fut in jobs:
             if cfg is None:

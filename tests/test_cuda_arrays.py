@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from asp_gmm import GMM, cuda_arrays
+from asp_gmm.fit.data import as_data
 from conftest import make_blobs
 
 
@@ -62,9 +63,10 @@ def test_device_seeding_equals_host_seeding(rng):
     for cvtype in ("full", "diag"):
         g = GMM(3, 4, cvtype=cvtype, dtype=np.float64, backend="c", seed=4)
         h = GMM(3, 4, cvtype=cvtype, dtype=np.float64, backend="c", seed=4)
-        f = g._cuda_data(FakeCudaArray(X), "train", 3)
-        assert g._seed_device(f) == 2000
-        h._seed(X)
+        d = as_data(FakeCudaArray(X), "cuda", 4, np.float64, 3)  # as train() sees it on the CUDA backend
+        assert d.kind == "device" and d.N == 2000
+        g._seed(d)
+        h._seed(as_data(X, "c", 4, np.float64, 3))
         np.testing.assert_array_equal(g.means, h.means)
         np.testing.assert_allclose(g.covars, h.covars, rtol=1e-10)
 

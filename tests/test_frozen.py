@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import asp_gmm
-from asp_gmm import GMM, frozen, gmm
+from asp_gmm import GMM, frozen
 from asp_gmm.gmm import check_data
 
 
@@ -88,8 +88,10 @@ def test_a_read_only_array_its_owner_changed_is_checked_again():
 
 def test_immutable_data_is_checked_once(monkeypatch):
     calls = []
-    real = gmm._first_non_finite
-    monkeypatch.setattr(gmm, "_first_non_finite", lambda a: calls.append(1) or real(a))
+    from asp_gmm.fit import data
+
+    real = data._first_non_finite
+    monkeypatch.setattr(data, "_first_non_finite", lambda a: calls.append(1) or real(a))
     F = asp_gmm.freeze(np.random.default_rng(1).standard_normal((200, 2)))
     g = GMM(2, 2, backend="c", dtype=np.float64, seed=0)
     g.train(F, max_em_iters=1)

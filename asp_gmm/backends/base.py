@@ -311,8 +311,10 @@ class BlockStats:
     s2: np.ndarray
 
 
-def stats_from_posteriors(X, logprob, resp, means, cvtype: str) -> BlockStats:
-    """:class:`BlockStats` of a block from its posteriors, in float64 NumPy.
+def stats_from_posteriors(X, logprob, resp, means, cvtype: str, sample_weight=None) -> BlockStats:
+    """:class:`BlockStats` of a block from its posteriors, in float64 NumPy; with ``sample_weight``
+    ((n,) float64) the weights are folded into the posteriors and the log-likelihoods (``n`` is
+    then the block's total weight).
 
     Parameters
     ----------
@@ -325,6 +327,11 @@ def stats_from_posteriors(X, logprob, resp, means, cvtype: str) -> BlockStats:
     X = np.asarray(X, np.float64)
     resp = np.asarray(resp, np.float64)
     means = np.asarray(means, np.float64)
+    n = X.shape[0]
+    if sample_weight is not None:
+        resp = resp * sample_weight[:, None]
+        logprob = np.asarray(logprob, np.float64) * sample_weight
+        n = float(np.sum(sample_weight))
     M, D = means.shape
     nk = resp.sum(axis=0)
     sumx = resp.T @ X
@@ -332,7 +339,7 @@ def stats_from_posteriors(X, logprob, resp, means, cvtype: str) -> BlockStats:
     for k in range(M):
         diff = X - means[k]
         s2[k] = (resp[:, k] * diff.T) @ diff if cvtype == "full" else resp[:, k] @ (diff * diff)
-    return BlockStats(X.shape[0], float(np.sum(logprob, dtype=np.float64)), nk, sumx, s2)
+    return BlockStats(n, float(np.sum(logprob, dtype=np.float64)), nk, sumx, s2)
 
 
 class StatsRunner:
@@ -388,6 +395,28 @@ class StatsRunner:
             )
         return stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
 
+    def stats_weighted(self, X: np.ndarray, sample_weight: np.ndarray) -> BlockStats:
+        """:meth:`stats` of the block ``X`` with each event's posteriors and log-likelihood multiplied
+        by its weight (``sample_weight`` (n,) float64, >= 0): the backend's E-step gives the
+        posteriors, the weighted sums are taken in float64 NumPy (``n`` is the total weight)."""
+        w, mu, cv, reg = self._params
+        sub = dataclasses.replace(self.problem, N=X.shape[0])
+        with self.backend.open(X, sub) as session:
+            session.set_params(w, mu, cv, reg)
+            logprob, resp = session.eval(True)
+        return self._finite(stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype, sample_weight))
+
+    @staticmethod
+    def _finite(st: BlockStats) -> BlockStats:
+        if not np.isfinite(st.loglik):
+            from ..errors import NonFiniteError
+
+            raise NonFiniteError(
+                f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer components, "
+                "or scale the data"
+            )
+        return st
+
     def stats_many(self, blocks):
         """Yield :meth:`stats` of each block of the iterable ``blocks`` in order (a backend may overlap
         one block's transfer with the previous one's compute; each block is copied before the next
@@ -403,16 +432,7 @@ def block_rows_for(problem: Problem, default_bytes: int) -> int:
     """Rows of ``problem``'s data and posteriors (D + M values each) that fit ``ASP_GMM_BLOCK_BYTES``
     bytes (``default_bytes`` where unset), at least 256."""
     from ..config import settings
-    from ..errors import SettingError
 
-    raw = settings().block_bytes
-    nbytes = default_bytes
-    if raw:
-        try:
-            nbytes = int(float(raw))
-        except (ValueError, OverflowError):
-            raise SettingError(
-                f"ASP_GMM_BLOCK_BYTES={raw!r} is not a number of bytes; unset it or give e.g. 8388608"
-            ) from None
+    nbytes = settings().nbytes("ASP_GMM_BLOCK_BYTES", default_bytes)
     per_row = (problem.D + problem.M + 1) * problem.np_dtype.itemsize
     return max(256, int(nbytes) // per_row)

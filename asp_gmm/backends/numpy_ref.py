@@ -105,6 +105,14 @@ class NumpySession(Session):
 class NumpyStatsRunner(StatsRunner):
     """Block statistics straight from the reference E-step, in float64."""
 
+    def stats_weighted(self, X, sample_weight):
+        w, mu, cv, reg = self._params
+        try:
+            logprob, resp = ref.estep(X, w, mu, cv, self.problem.cvtype, reg)
+        except (ref.NotPositiveDefiniteError, ref.NonFiniteError) as exc:
+            raise from_reference(exc) from None
+        return self._finite(stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype, sample_weight))
+
     def stats(self, X):
         w, mu, cv, reg = self._params
         try:

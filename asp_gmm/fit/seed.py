@@ -1,0 +1,150 @@
+"""The one seeding of missing parameters: means at events at even intervals of the (weighted)
+data, or at ``rng_seed``'s random distinct events; every covariance the data's (co)variance plus
+``reg_covar``; equal weights.
+
+Whatever holds the data (a host array, a CUDA array, a chunk source, Dask partitions) gives the
+count and the mean and (co)variance, or the sums they come from (:func:`moments_from_sums`);
+:func:`event_index` picks the events for the means and :func:`covariances` finishes the
+covariances, with the one check on zero variance (:func:`check_covariances`).
+
+With sample weights an event of weight ``w`` counts ``w`` times: the picked events are those a
+repetition of the rows would pick (the cumulative weight crosses ``k W / M``), an event of weight
+zero is never picked, and the (co)variance is the weighted one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import StreamError
+from .sources import as_source, blocks, weighted_blocks
+from .stats import _neumaier
+
+#: The one message for data that cannot be seeded.
+ZERO_VARIANCE = "the data has zero variance in some dimension; increase reg_covar or drop constant features"
+
+
+def event_index(n: int, M: int, rng_seed=None, weights=None) -> np.ndarray:
+    """Sorted indices (M,) of the events the means start at.
+
+    Parameters
+    ----------
+    n : int
+        Events.
+    M : int
+        Components.
+    rng_seed : int, optional
+        Random distinct events (with weights: drawn with probability proportional to the weight);
+        by default events at even intervals.
+    weights : ndarray (n,), optional
+        Sample weights (non-negative, at least M of them positive).
+    """
+    if weights is None:
+        if rng_seed is None:
+            return (np.arange(M) * n) // M
+        return np.sort(np.random.default_rng(rng_seed).choice(n, M, replace=False))
+    w = np.asarray(weights, np.float64)
+    if rng_seed is not None:
+        return np.sort(np.random.default_rng(rng_seed).choice(n, M, replace=False, p=w / w.sum()))
+    cum = np.cumsum(w)
+    total = cum[-1]
+    # the event a repetition of the rows puts at position floor(k W / M): the first whose cumulative
+    # weight exceeds it (zero-weight events never do)
+    targets = np.floor(np.arange(M) * total / M)
+    return np.searchsorted(cum, targets, side="right")
+
+
+def moments_from_sums(n, s1, s2, cvtype: str):
+    """``(mean offset (D,), (co)variance)`` from the (weighted) count ``n`` and the sums ``s1``
+    (D,) and ``s2`` ((D, D) for full, (D,) otherwise) of the data minus a shift."""
+    m1 = s1 / n
+    return m1, s2 / n - (np.outer(m1, m1) if cvtype == "full" else m1 * m1)
+
+
+def covariances(cov, M: int, cvtype: str, reg_covar: float) -> np.ndarray:
+    """Every component's covariance: the data's ``cov`` ((D, D) for full, (D,) for diag),
+    symmetrised, plus ``reg_covar`` on the diagonal; float64 (M, D, D) or (M, D)."""
+    cov = np.asarray(cov, np.float64)
+    if cvtype == "full":
+        cov = np.atleast_2d(cov)
+        full = 0.5 * (cov + cov.T) + reg_covar * np.eye(cov.shape[0])
+        return np.repeat(full[None], M, axis=0)
+    return np.repeat((cov + reg_covar)[None], M, axis=0)
+
+
+def check_covariances(covars, cvtype: str) -> None:
+    """Raise ``ValueError`` (:data:`ZERO_VARIANCE`) when a seeded variance is not positive."""
+    diag = np.diagonal(covars, axis1=1, axis2=2) if cvtype == "full" else covars
+    if not np.all(np.isfinite(covars)) or np.any(diag <= 0):
+        raise ValueError(ZERO_VARIANCE)
+
+
+def equal_weights(M: int, dtype) -> np.ndarray:
+    """The mixture weights a seeded model starts with: 1/M each."""
+    return np.full(M, 1.0 / M, dtype=dtype)
+
+
+def host_moments(X64: np.ndarray, cvtype: str, sample_weight=None):
+    """``(mean, (co)variance)`` of the float64 host array X64 (N, D), weighted where given."""
+    if cvtype == "full":
+        cov = np.atleast_2d(np.cov(X64, rowvar=False, bias=True, aweights=sample_weight))
+    elif sample_weight is None:
+        cov = X64.var(axis=0)
+    else:
+        mean = np.average(X64, axis=0, weights=sample_weight)
+        cov = np.average((X64 - mean) ** 2, axis=0, weights=sample_weight)
+    return cov
+
+
+def seed(source, M: int, D: int | None, cvtype: str, dtype, reg_covar: float, rng_seed=None, sample_weight=None):
+    """Seeding from a chunk source: ``(N, means (M, D), covars (M, D, D) or (M, D))`` with the means
+    at :func:`event_index`'s events and every covariance the data's (co)variance plus ``reg_covar``
+    (float64, one pass, centred on the first event; a second pass collects the means' rows where
+    the source cannot index them). ``sample_weight``: a weight source aligned with the rows
+    (:func:`asp_gmm.fit.sources.as_weights`); ``N`` is then the number of rows."""
+    source = as_source(source)
+    dtype = np.dtype(dtype)
+    shift = s1 = s2 = None
+    n, total = 0, 0.0
+    wparts = [] if sample_weight is not None else None
+    passes = (
+        weighted_blocks(source, sample_weight, D, dtype, 1 << 16)
+        if sample_weight is not None
+        else ((s, b, None) for s, b in blocks(source, D, dtype, 1 << 16))
+    )
+    for _start, blk, w in passes:
+        x = blk.astype(np.float64)
+        if shift is None:
+            shift = x[0].copy()
+            D = x.shape[1]
+            s1, c1 = np.zeros(D), np.zeros(D)
+            s2, c2 = np.zeros((D, D) if cvtype == "full" else D), np.zeros((D, D) if cvtype == "full" else D)
+        y = x - shift
+        if w is None:
+            _neumaier(s1, c1, y.sum(0))
+            _neumaier(s2, c2, y.T @ y if cvtype == "full" else (y * y).sum(0))
+            total += x.shape[0]
+        else:
+            wparts.append(np.array(w, np.float64))
+            _neumaier(s1, c1, w @ y)
+            _neumaier(s2, c2, (y.T * w) @ y if cvtype == "full" else w @ (y * y))
+            total += float(w.sum())
+        n += x.shape[0]
+    s1, s2 = s1 + c1, s2 + c2
+    wall = np.concatenate(wparts) if wparts is not None else None
+    positive = n if wall is None else int(np.count_nonzero(wall))
+    if positive < M:
+        what = "events" if wall is None else "events of positive sample_weight"
+        raise StreamError(
+            f"the source has N={positive} {what}, fewer than the M={M} components; use fewer components or more data"
+        )
+    _m1, cov = moments_from_sums(total, s1, s2, cvtype)
+    idx = event_index(n, M, rng_seed, wall)
+    rows = source.rows(idx) if source.n_rows == n else None
+    if rows is None:
+        rows = np.empty((M, D), dtype)
+        for start, blk in blocks(source, D, dtype, 1 << 16):
+            for j in np.nonzero((idx >= start) & (idx < start + blk.shape[0]))[0]:
+                rows[j] = blk[idx[j] - start]
+    means = np.asarray(rows, dtype)
+    return n, means, covariances(cov, M, cvtype, reg_covar)
