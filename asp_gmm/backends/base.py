@@ -273,6 +273,13 @@ class Backend(abc.ABC):
         """A :class:`StatsRunner` for blocks of up to ``problem.N`` events."""
         return StatsRunner(self, problem, kernel)
 
+    def open_weighted_stats(self, problem: Problem, kernel: Kernel | None = None) -> "StatsRunner":
+        """A :class:`StatsRunner` whose :meth:`StatsRunner.stats_weighted` gives the statistics of
+        weighted blocks. By default the backend's E-step gives each block's posteriors (a session
+        per block) and the weights are folded into them in float64 NumPy; a backend whose kernels
+        take the weights themselves overrides this."""
+        return StatsRunner(self, problem, kernel)
+
     def stream_block_rows(self, problem: Problem) -> int:
         """Events per block of streamed EM (``problem.N`` ignored): by default as many as
         ``ASP_GMM_BLOCK_BYTES`` (default 64 MiB) of data and posteriors hold."""

@@ -35,6 +35,9 @@ class NumpyBackend(Backend):
     def open_stats(self, problem: Problem, kernel=None) -> "NumpyStatsRunner":
         return NumpyStatsRunner(self, problem, kernel)
 
+    def open_weighted_stats(self, problem: Problem, kernel=None) -> "NumpyStatsRunner":
+        return NumpyStatsRunner(self, problem, kernel)
+
 
 class NumpySession(Session):
     def __init__(self, X, problem: Problem):

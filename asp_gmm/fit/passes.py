@@ -117,6 +117,13 @@ def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
     raise KernelError("every candidate variant failed to compile; see the warnings above")
 
 
+def _open_runner(spec, sp: StreamPlan, sample_weight):
+    """The backend's statistics runner for the plan's blocks (the weighted one with weights)."""
+    if sample_weight is None:
+        return spec.backend.open_stats(sp.problem, sp.kernel)
+    return spec.backend.open_weighted_stats(sp.problem, sp.kernel)
+
+
 def pass_stats(
     runner,
     source: ChunkSource,
@@ -190,7 +197,7 @@ def em(
     sample_weight = as_weights(sample_weight, source.n_rows)
     sp = plan(spec, problem, variant)
     bar = _Progress(progress, problem.N or source.n_rows)
-    runner = spec.backend.open_stats(sp.problem, sp.kernel)
+    runner = _open_runner(spec, sp, sample_weight)
     w = np.array(weights, np.float64)
     mu = np.array(means, np.float64)
     cv = np.array(covars, np.float64)
@@ -246,7 +253,7 @@ def source_stats(
     source = as_source(source)
     sample_weight = as_weights(sample_weight, source.n_rows)
     sp = plan(spec, problem, variant)
-    runner = spec.backend.open_stats(sp.problem, sp.kernel)
+    runner = _open_runner(spec, sp, sample_weight)
     try:
         return pass_stats(runner, source, problem, weights, means, covars, reg_covar, sample_weight=sample_weight)
     finally:
