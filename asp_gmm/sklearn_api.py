@@ -75,6 +75,7 @@ except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
 from . import cuda_arrays, streaming
+from .fit import sources
 from . import reference as ref
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
 from .problem import Problem
@@ -105,7 +106,7 @@ def _is_dask_array(X) -> bool:
     return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "to_delayed")
 
 
-def _numpy_stats(X, weights, means, covars, cvtype):
+def _numpy_stats(X, weights, means, covars, cvtype, sample_weight=None):
     """:class:`asp_gmm.streaming.SuffStats` of X for "tied" (full second moments) and "spherical"
     (diagonal ones), from the reference's E-step in float64 NumPy."""
     from .backends.base import stats_from_posteriors
@@ -114,7 +115,7 @@ def _numpy_stats(X, weights, means, covars, cvtype):
     lpn, resp = _estep(X, weights, means, _precision_cholesky(covars, cvtype, X.shape[1]), cvtype)
     kind = "full" if cvtype == "tied" else "diag"
     st = streaming.SuffStats(len(weights), X.shape[1], kind, means)
-    st.add_block(stats_from_posteriors(X, lpn, resp, means, kind))
+    st.add_block(stats_from_posteriors(X, lpn, resp, means, kind, sample_weight), X.shape[0])
     return st
 
 
@@ -136,15 +137,18 @@ def _online_mstep(stats, means, covars, reg, cvtype):
     return w, mu, cv.mean(1) + reg
 
 
-def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
+def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state, sample_weight=None):
     """k-means initialisation of a streamed fit, as for large in-memory data: a uniform sample of
     :data:`KMEANS_SUBSAMPLE` events drawn in one pass (reservoir sampling from ``random_state``),
     k-means (or k-means++ seeding) on it, then every event labelled by its nearest centre and the
-    hard-label parameters computed in a second pass. Returns ``(N, weights, means, covars)``."""
+    hard-label parameters computed in a second pass. Returns ``(N, weights, means, covars)``.
+    With ``sample_weight`` (a weight source) k-means weighs the sampled events and the second pass
+    the labelled ones."""
     k = KMEANS_SUBSAMPLE
     sample = np.empty((k, D))
+    sw = None if sample_weight is None else np.empty(k)
     seen = 0
-    for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
+    for _start, blk, w in _blocks(src, D, dt, sample_weight):
         n = blk.shape[0]
         take = min(max(k - seen, 0), n)
         sample[seen : seen + take] = blk[:take]
@@ -152,34 +156,87 @@ def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
         j = (random_state.random_sample(t.shape[0]) * (t + 1)).astype(np.int64)
         hit = np.nonzero(j < k)[0]
         sample[j[hit]] = blk[take + hit]  # in row order: a later row replaces an earlier one
+        if sw is not None:
+            sw[seen : seen + take] = w[:take]
+            sw[j[hit]] = w[take + hit]
         seen += n
     if seen < M:
         raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {seen}")
     sample = sample[: min(seen, k)]
+    sw = None if sw is None else sw[: sample.shape[0]]
     if method == "k-means++":
-        centres, _ = kmeans_plusplus(sample, M, random_state=random_state)
+        centres, _ = kmeans_plusplus(sample, M, random_state=random_state, sample_weight=sw)
     else:
-        centres = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(sample).cluster_centers_
+        km = KMeans(n_clusters=M, n_init=1, random_state=random_state)
+        centres = km.fit(sample, sample_weight=sw).cluster_centers_
     centres = np.asarray(centres, np.float64)
     full = cvtype == "full"
     st = streaming.SuffStats(M, D, cvtype, centres)
     from .backends.base import BlockStats
 
-    for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
+    for _start, blk, w in _blocks(src, D, dt, sample_weight):
         x = blk.astype(np.float64)
         d2 = (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)
         lab = np.argmin(d2, axis=1)
-        nk = np.bincount(lab, minlength=M).astype(np.float64)
+        nk = np.bincount(lab, weights=w, minlength=M).astype(np.float64)
         sumx = np.zeros((M, D))
-        np.add.at(sumx, lab, x)
+        np.add.at(sumx, lab, x if w is None else x * w[:, None])
         s2 = np.zeros((M, D, D) if full else (M, D))
         for c in np.unique(lab):
             y = x[lab == c] - centres[c]
-            s2[c] = y.T @ y if full else (y * y).sum(0)
-        st.add_block(BlockStats(x.shape[0], 0.0, nk, sumx, s2))
+            yw = y if w is None else y * w[lab == c][:, None]
+            s2[c] = yw.T @ y if full else (yw * y).sum(0)
+        st.add_block(BlockStats(x.shape[0] if w is None else float(w.sum()), 0.0, nk, sumx, s2), x.shape[0])
     prev = np.repeat((np.eye(D) if full else np.ones(D))[None], M, 0)
     w, mu, cv = st.mstep(centres, prev, reg)
-    return st.n, w, mu, cv
+    return st.rows, w, mu, cv
+
+
+def _blocks(src, D, dt, sample_weight):
+    """``(start, block, weights or None)`` over a chunk source in blocks of 2^16 rows."""
+    if sample_weight is None:
+        return ((a, b, None) for a, b in streaming.blocks(src, D, dt, 1 << 16))
+    return sources.weighted_blocks(src, sample_weight, D, dt, 1 << 16)
+
+
+def _sample_weight(sample_weight, n, M):
+    """``sample_weight`` checked (:func:`asp_gmm.fit.sources.check_weights`, messages naming it)
+    with at least ``M`` positive weights."""
+    sw = sources.check_weights(sample_weight, n)
+    if np.count_nonzero(sw) < M:
+        raise ValueError(
+            f"sample_weight has {np.count_nonzero(sw)} positive values, fewer than n_components = {M}; "
+            "give more events a positive weight or use fewer components"
+        )
+    return sw
+
+
+def _weighted_init(X64, random_state, M, cvtype, reg, method, sample_weight):
+    """``_init_from_data`` with weighted events: the responsibilities of each method (random,
+    one-hot at drawn events, k-means labels) multiplied by the weights."""
+    N = X64.shape[0]
+    sw = sample_weight
+    if method == "random":
+        resp = random_state.uniform(size=(N, M))
+        resp /= resp.sum(axis=1)[:, None]
+        return _estimate_params(X64, resp * sw[:, None], reg, cvtype)
+    if method in ("random_from_data", "k-means++"):
+        if method == "random_from_data":
+            idx = random_state.choice(N, size=M, replace=False, p=sw / sw.sum())
+        else:
+            _, idx = kmeans_plusplus(X64, M, random_state=random_state, sample_weight=sw)
+        resp = np.zeros((N, M))
+        resp[idx, np.arange(M)] = 1.0
+        return _estimate_params(X64, resp * sw[:, None], reg, cvtype)
+    sub = None
+    if N > KMEANS_SUBSAMPLE:
+        sub = np.sort(random_state.choice(N, size=KMEANS_SUBSAMPLE, replace=False))
+    Xs, ws = (X64, sw) if sub is None else (X64[sub], sw[sub])
+    km = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(Xs, sample_weight=ws)
+    labels = km.labels_ if sub is None else km.predict(X64)
+    resp = np.zeros((N, M))
+    resp[np.arange(N), labels] = sw
+    return _estimate_params(X64, resp, reg, cvtype)
 
 
 def _dask_seed(adask, X, M, cvtype, dt, reg, seed, backend):
@@ -421,7 +478,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return state
 
     # ------------------------------------------------------------------------------ fitting
-    def fit(self, X, y=None) -> "GaussianMixture":
+    def fit(self, X, y=None, sample_weight=None) -> "GaussianMixture":
         """Estimate the parameters with the EM algorithm (see
         :meth:`sklearn.mixture.GaussianMixture.fit`).
 
@@ -438,6 +495,13 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             (Dask arrays, other ``init_params``) from ``GMM.train``'s seeding: means at events
             spread evenly through X (random distinct events drawn from ``random_state`` where it is
             set), the data's covariance, equal weights.
+        y : ignored
+        sample_weight : array-like (N,), optional
+            Non-negative weight of each event (scikit-learn's most requested GaussianMixture
+            feature): integer weights give the model of the repeated rows, zero weights that of the
+            dropped rows; initialisation (k-means, k-means++, random draws) weighs the events too.
+            For a streamed X an aligned (N,) array or memmap, or a callable returning a new
+            iterable of (n_i,) weight chunks.
 
         Returns
         -------
@@ -446,12 +510,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if _is_dask_array(X) or (
             streaming.is_source(X) and (self.covariance_type in _COMPILED or not hasattr(X, "shape"))
         ):
-            self._fit_large(X)
+            self._fit_large(X, sample_weight)
             return self
-        self._fit(X)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
+        self._fit(X, sample_weight)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
         return self
 
-    def _fit_large(self, X):
+    def _fit_large(self, X, sample_weight=None):
         """:meth:`fit` of a chunk source or a Dask array (see :meth:`fit`)."""
         if hasattr(self, "_validate_params"):
             self._validate_params()
@@ -494,6 +558,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 s_w, s_mu, s_cv = _dask_seed(adask, X, M, cvtype, dt, reg, seed, self.backend)
                 w, mu, cv = (s_w if w is None else w), (s_mu if mu is None else mu), (s_cv if cv is None else cv)
             kw = dict(cvtype=cvtype, dtype=dt, reg_covar=reg, backend=self.backend)
+            if sample_weight is not None:  # (asp_gmm.dask takes the weights as an aligned Dask array)
+                kw["sample_weight"] = sample_weight
             r1 = adask.fit(
                 X, M, weights=w, means=mu, covars=cv, min_iters=1, max_iters=max(self.max_iter - 1, 0), tol=tol, **kw
             )
@@ -510,25 +576,28 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             )
             n = r1.n_events
         else:
+            sw = sources.as_weights(sample_weight, src.n_rows)
             if (w is None or mu is None or cv is None) and self.init_params in ("kmeans", "k-means++"):
                 n, k_w, k_mu, k_cv = _stream_kmeans_init(
-                    src, M, D, cvtype, dt, reg, self.init_params, check_random_state(self.random_state)
+                    src, M, D, cvtype, dt, reg, self.init_params, check_random_state(self.random_state), sw
                 )
                 w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
             elif w is None or mu is None or cv is None:
-                n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed)
+                n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed, sw)
                 w = np.full(M, 1.0 / M) if w is None else w
                 mu = s_mu.astype(np.float64) if mu is None else mu
                 cv = s_cv if cv is None else cv
             prob = Problem(n or src.n_rows or 0, D, M, cvtype, dt.name)
             spec = self._specializer(prob)
             try:
-                r1 = spec.train(src, w, mu, cv, prob, reg, 1, max(self.max_iter - 1, 0), tol)
-                r2 = spec.train(src, r1.weights, r1.means, r1.covars, prob, reg, 1, 1 if self.max_iter else 0, 0.0)
+                r1 = spec.train(src, w, mu, cv, prob, reg, 1, max(self.max_iter - 1, 0), tol, sample_weight=sw)
+                r2 = spec.train(
+                    src, r1.weights, r1.means, r1.covars, prob, reg, 1, 1 if self.max_iter else 0, 0.0, sample_weight=sw
+                )
             except (NotPositiveDefiniteError, FloatingPointError) as exc:
                 raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
             n = r1.n_events
-        lbs = [float(v) / n for v in r1.loglik_trace]
+        lbs = [float(v) / (getattr(r1, "weight_sum", 0.0) or n) for v in r1.loglik_trace]
         if not r1.converged and self.max_iter > 0:
             warnings.warn(
                 "Best performing initialization did not converge. Try different init "
@@ -542,7 +611,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.lower_bounds_ = lbs
         self.n_features_in_ = D
 
-    def partial_fit(self, X, y=None):
+    def partial_fit(self, X, y=None, sample_weight=None):
         """One step of stepwise online EM on the batch X, for streams that cannot be read twice.
 
         The first call initialises the parameters from X as :meth:`fit` does (``init_params``,
@@ -558,7 +627,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like (n, D)
-            One batch ("full" and "diag" covariance).
+            One batch.
+        y : ignored
+        sample_weight : array-like (n,), optional
+            Non-negative weight of each event of the batch (see :meth:`fit`); the batch's
+            statistics are per unit of weight.
 
         Returns
         -------
@@ -570,6 +643,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         X = _validate_data(self, X, first, dtype=[np.float64, np.float32], ensure_min_samples=1)
         cvtype, M, reg = self.covariance_type, self.n_components, float(self.reg_covar)
         n, D = X.shape
+        sw = None if sample_weight is None else _sample_weight(sample_weight, n, M if first else 1)
         if first:
             if n < M:
                 raise ValueError(
@@ -582,7 +656,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 None if self.means_init is None else _check_means(self.means_init, M, D),
                 None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
             )
-            w, mu, cv = self._initial_params(X, check_random_state(self.random_state), inits)
+            w, mu, cv = self._initial_params(X, check_random_state(self.random_state), inits, sw)
         else:
             dt = np.dtype(self.means_.dtype)
             w, mu, cv = self._params64()
@@ -590,10 +664,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         try:
             if cvtype in _COMPILED:
                 prob = Problem(n, D, M, cvtype, dt.name)
-                st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg)
+                st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg, sample_weight=sw)
             else:  # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
-                st = _numpy_stats(X, w, mu, cv, cvtype)
-            st = st.scaled(1.0 / n)
+                st = _numpy_stats(X, w, mu, cv, cvtype, sw)
+            st = st.scaled(1.0 / st.n)
             if first:
                 self._online_stats, self._online_steps = st, 0
             else:
@@ -620,7 +694,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         X = self._fit(X)
         return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
 
-    def _fit(self, X):
+    def _fit(self, X, sample_weight=None):
         if hasattr(self, "_validate_params"):
             self._validate_params()
         X = _validate_data(self, X, True, dtype=[np.float64, np.float32], ensure_min_samples=2)
@@ -628,6 +702,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         M = self.n_components
         if N < M:
             raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {N}")
+        sw = None if sample_weight is None else _sample_weight(sample_weight, N, M)
         dt = _working_dtype(self.dtype, X.dtype)
         cvtype = self.covariance_type
         inits = (
@@ -648,7 +723,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         for init in range(n_init):
             self._verbose_init_beg(init)
             if do_init:
-                params = self._initial_params(X, random_state, inits)
+                params = self._initial_params(X, random_state, inits, sw)
             else:
                 params = (
                     self.weights_.astype(np.float64),
@@ -661,9 +736,9 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             lb_prev = -np.inf if do_init else float(self.lower_bound_)
             t0 = time.perf_counter()
             if compiled:
-                w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev)
+                w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev, sw)
             else:
-                w, mu, cv, n_iter, lbs, conv = self._em_numpy(X64, params, lb_prev)
+                w, mu, cv, n_iter, lbs, conv = self._em_numpy(X64, params, lb_prev, sw)
             self._verbose_iters(lbs, lb_prev, time.perf_counter() - t0)
             self._verbose_init_end(lbs[-1], conv, time.perf_counter() - t0)
             lower_bound = lbs[-1]
@@ -715,31 +790,34 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 last = exc
         raise last  # pragma: no cover - the numpy backend runs everything
 
-    def _em_compiled(self, spec, Xw, params, lb_prev):
+    def _em_compiled(self, spec, Xw, params, lb_prev, sample_weight=None):
         """scikit-learn's loop on the compiled core: up to ``max_iter - 1`` core iterations with the
         same stopping rule (the core checks one iteration earlier), then the final M-step."""
         w, mu, cv = params
+        sw = sample_weight
         N = Xw.shape[0]
+        W = N if sw is None else float(sw.sum())  # the lower bound is per unit of weight
         prob = Problem(N, Xw.shape[1], self.n_components, self.covariance_type, Xw.dtype.name)
         reg, tol = float(self.reg_covar), float(self.tol)
         try:
             if np.isfinite(lb_prev):
                 # warm start: scikit-learn's first check compares with the previous lower bound
                 lp, _ = spec.evaluate(Xw, w, mu, cv, prob, reg, False)
-                l0 = float(np.sum(lp, dtype=np.float64)) / N
+                lp = np.asarray(lp, np.float64)
+                l0 = float(np.sum(lp if sw is None else lp * sw, dtype=np.float64)) / W
                 if abs(l0 - lb_prev) < tol:
-                    r = spec.train(Xw, w, mu, cv, prob, reg, 1, 1, 0.0)
+                    r = spec.train(Xw, w, mu, cv, prob, reg, 1, 1, 0.0, sample_weight=sw)
                     return r.weights, r.means, r.covars, 1, [l0], True
-            r1 = spec.train(Xw, w, mu, cv, prob, reg, 1, self.max_iter - 1, tol)
-            r2 = spec.train(Xw, r1.weights, r1.means, r1.covars, prob, reg, 1, 1, 0.0)
+            r1 = spec.train(Xw, w, mu, cv, prob, reg, 1, self.max_iter - 1, tol, sample_weight=sw)
+            r2 = spec.train(Xw, r1.weights, r1.means, r1.covars, prob, reg, 1, 1, 0.0, sample_weight=sw)
         except (NotPositiveDefiniteError, FloatingPointError) as exc:
             raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
         trace = getattr(r1, "loglik_trace", None) or [r1.loglik]
-        lbs = [float(v) / N for v in trace]
-        lbs[-1] = r1.loglik / N
+        lbs = [float(v) / W for v in trace]
+        lbs[-1] = r1.loglik / W
         return r2.weights, r2.means, r2.covars, r1.iters + 1, lbs, bool(r1.converged)
 
-    def _em_numpy(self, X, params, lb_prev):
+    def _em_numpy(self, X, params, lb_prev, sample_weight=None):
         """scikit-learn's loop in float64 NumPy (tied, spherical)."""
         cvtype, reg, tol = self.covariance_type, float(self.reg_covar), float(self.tol)
         w, mu, cv = params
@@ -749,10 +827,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         for n_iter in range(1, self.max_iter + 1):
             prev = lower_bound
             lpn, resp = _estep(X, w, mu, pc, cvtype)
+            if sample_weight is not None:
+                resp = resp * sample_weight[:, None]
             nk, mu, cv = _estimate_params(X, resp, reg, cvtype)
             w = nk / nk.sum()
             pc = _precision_cholesky(cv, cvtype, D)
-            lower_bound = float(np.mean(lpn))
+            lower_bound = float(np.mean(lpn) if sample_weight is None else np.average(lpn, weights=sample_weight))
             lbs.append(lower_bound)
             if abs(lower_bound - prev) < tol:
                 conv = True
@@ -760,14 +840,14 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return w, mu, cv, n_iter, lbs, conv
 
     # ------------------------------------------------------------------------------ initialisation
-    def _initial_params(self, X, random_state, inits):
+    def _initial_params(self, X, random_state, inits, sample_weight=None):
         """Initial (weights, means, covariances) in float64, as scikit-learn's ``_initialize``."""
         weights_init, means_init, precisions_init = inits
         N, M, cvtype, reg = X.shape[0], self.n_components, self.covariance_type, float(self.reg_covar)
         weights = means = cov = None
         if weights_init is None or means_init is None or precisions_init is None:
-            nk, means, cov = self._init_from_data(X, random_state, N, M, cvtype, reg)
-            weights = nk / N
+            nk, means, cov = self._init_from_data(X, random_state, N, M, cvtype, reg, sample_weight)
+            weights = nk / (N if sample_weight is None else sample_weight.sum())
         if weights_init is not None:
             weights = weights_init
         if means_init is not None:
@@ -779,9 +859,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             _precision_cholesky(cov, cvtype, X.shape[1])  # scikit-learn's check (and message) at initialisation
         return (np.asarray(weights, np.float64), np.asarray(means, np.float64), np.asarray(cov, np.float64))
 
-    def _init_from_data(self, X, random_state, N, M, cvtype, reg):
+    def _init_from_data(self, X, random_state, N, M, cvtype, reg, sample_weight=None):
         X64 = np.asarray(X, dtype=np.float64)
         method = self.init_params
+        if sample_weight is not None:
+            return _weighted_init(X64, random_state, M, cvtype, reg, method, sample_weight)
         if method == "random":
             resp = random_state.uniform(size=(N, M))
             resp /= resp.sum(axis=1)[:, None]

@@ -10,6 +10,8 @@ from asp_gmm import GMM
 from conftest import make_blobs
 
 RTOL = 1e-10
+#: fixed iteration counts (tol=0) never "converge"
+pytestmark = pytest.mark.filterwarnings("ignore:Best performing initialization did not converge")
 
 
 def _fit(X, cvtype, backend, sample_weight=None, iters=8, **kw):
@@ -122,3 +124,100 @@ def test_bad_streamed_weights_are_refused(rng):
     ):
         with pytest.raises(ValueError, match=match):
             GMM(3, 3, dtype=np.float64, backend="numpy").train(chunks, sample_weight=bad)
+
+
+# ---------------------------------------------------------------------------------- GaussianMixture
+CVTYPES = ["full", "diag", "tied", "spherical"]
+
+
+def _inits(rng, X, M, cvtype):
+    D = X.shape[1]
+    means = X[rng.choice(len(X), M, replace=False)]
+    prec = {
+        "full": np.repeat(np.eye(D)[None], M, 0) * 0.2,
+        "diag": np.full((M, D), 0.2),
+        "tied": np.eye(D) * 0.2,
+        "spherical": np.full(M, 0.2),
+    }[cvtype]
+    return dict(means_init=means, weights_init=np.full(M, 1.0 / M), precisions_init=prec)
+
+
+def _gm(cvtype, init, backend="c", **kw):
+    from asp_gmm.sklearn_api import GaussianMixture
+
+    return GaussianMixture(3, covariance_type=cvtype, backend=backend, max_iter=8, tol=0.0, **init, **kw)
+
+
+def _same_gm(a, b, rtol=RTOL):
+    for name in ("weights_", "means_", "covariances_", "precisions_cholesky_"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=rtol, atol=rtol, err_msg=name)
+    assert a.lower_bound_ == pytest.approx(b.lower_bound_, rel=rtol)
+    assert a.n_iter_ == b.n_iter_
+
+
+@pytest.mark.parametrize("cvtype", CVTYPES)
+def test_gaussian_mixture_fit(rng, cvtype):
+    pytest.importorskip("sklearn")
+    X, k = _data(rng)
+    init = _inits(rng, X, 3, cvtype)
+    want = _gm(cvtype, init).fit(np.repeat(X, k, axis=0))
+    _same_gm(_gm(cvtype, init).fit(X, sample_weight=k), want)
+    keep = k > 0
+    _same_gm(_gm(cvtype, init).fit(X, sample_weight=keep * 1.0), _gm(cvtype, init).fit(X[keep]))
+
+
+@pytest.mark.parametrize("cvtype", CVTYPES)
+def test_gaussian_mixture_partial_fit(rng, cvtype):
+    pytest.importorskip("sklearn")
+    X, k = _data(rng)
+    init = _inits(rng, X, 3, cvtype)
+    a, b = _gm(cvtype, init), _gm(cvtype, init)
+    for part in np.array_split(np.arange(len(X)), 3):
+        a.partial_fit(X[part], sample_weight=k[part])
+        b.partial_fit(np.repeat(X[part], k[part], axis=0))
+    for name in ("weights_", "means_", "covariances_"):
+        np.testing.assert_allclose(getattr(a, name), getattr(b, name), rtol=RTOL, atol=RTOL, err_msg=name)
+    assert a.lower_bound_ == pytest.approx(b.lower_bound_, rel=RTOL)
+
+
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+def test_gaussian_mixture_streamed(rng, tmp_path, cvtype):
+    pytest.importorskip("sklearn")
+    X, k = _data(rng)
+    init = _inits(rng, X, 3, cvtype)
+    mm = np.memmap(tmp_path / "X.f64", np.float64, "w+", shape=X.shape)
+    mm[:] = X
+    mm.flush()
+    want = _gm(cvtype, init).fit(np.repeat(X, k, axis=0))
+    _same_gm(_gm(cvtype, init).fit(mm, sample_weight=k), want)
+
+    def chunks():
+        return (X[a : a + 128] for a in range(0, len(X), 128))
+
+    _same_gm(_gm(cvtype, init).fit(chunks, sample_weight=k.astype(np.float64)), want)
+    # without *_init: the streamed k-means initialisation weighs the events
+    g = _gm(cvtype, {}, random_state=0).fit(chunks, sample_weight=k.astype(np.float64))
+    assert np.isfinite(g.lower_bound_)
+
+
+@pytest.mark.parametrize("init_params", ["kmeans", "k-means++", "random", "random_from_data"])
+def test_gaussian_mixture_weighted_initialisation(rng, init_params):
+    pytest.importorskip("sklearn")
+    X, k = _data(rng)
+    g = _gm("full", {}, init_params=init_params, random_state=1).fit(X, sample_weight=k)
+    assert np.isfinite(g.lower_bound_) and g.weights_.sum() == pytest.approx(1.0)
+
+
+def test_gaussian_mixture_refuses_bad_weights(rng):
+    pytest.importorskip("sklearn")
+    X, k = _data(rng, N=200)
+    for bad, match in (
+        (-np.ones(200), "sample_weight has a negative value"),
+        (np.ones(199), "sample_weight has 199 values but X has 200 events"),
+        (np.r_[np.inf, np.ones(199)], "sample_weight contains NaN or infinity"),
+        (np.r_[np.ones(2), np.zeros(198)], "sample_weight has 2 positive values"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            _gm("full", {}).fit(X, sample_weight=bad)
+        with pytest.raises(ValueError, match=match):
+            _gm("diag", {}).partial_fit(X, sample_weight=bad)

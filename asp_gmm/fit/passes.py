@@ -234,6 +234,7 @@ def em(
         time.perf_counter() - t_start,
         trace,
         n_events=rows,
+        weight_sum=0.0 if sample_weight is None else float(total),
     )
 
 

@@ -36,6 +36,9 @@ class TrainResult:
         Log-likelihood before the first iteration and after each (``iters + 1`` values).
     n_events : int
         Events trained on (0: ``problem.N``; a streamed fit counts what its source yielded).
+    weight_sum : float
+        The total sample weight of a weighted fit (0.0: unweighted); the log-likelihoods are sums of
+        weighted per-event values, so ``loglik / weight_sum`` is the weighted mean.
     """
 
     weights: np.ndarray
@@ -51,3 +54,4 @@ class TrainResult:
     loglik_trace: list
     why: str = ""
     n_events: int = 0
+    weight_sum: float = 0.0
