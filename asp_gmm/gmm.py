@@ -238,12 +238,7 @@ class GMM:
             X = cuda_arrays.to_host(X)  # weighted passes read host blocks
         data = as_data(X, self.backend, self.D, self.dtype, self.M)
         if sample_weight is not None and data.kind != "stream":
-            sample_weight = sources.check_weights(sample_weight, data.N)
-            if np.count_nonzero(sample_weight) < self.M:
-                raise ValueError(
-                    f"sample_weight has {np.count_nonzero(sample_weight)} positive values, fewer than the "
-                    f"M={self.M} components; give more events a positive weight or use fewer components"
-                )
+            sample_weight = sources.require_positive(sources.check_weights(sample_weight, data.N), self.M)
         self._seed(data, sample_weight)
         X, N = data.X, data.N
         res = self._specializer.train(

@@ -202,13 +202,7 @@ def _blocks(src, D, dt, sample_weight):
 def _sample_weight(sample_weight, n, M):
     """``sample_weight`` checked (:func:`asp_gmm.fit.sources.check_weights`, messages naming it)
     with at least ``M`` positive weights."""
-    sw = sources.check_weights(sample_weight, n)
-    if np.count_nonzero(sw) < M:
-        raise ValueError(
-            f"sample_weight has {np.count_nonzero(sw)} positive values, fewer than n_components = {M}; "
-            "give more events a positive weight or use fewer components"
-        )
-    return sw
+    return sources.require_positive(sources.check_weights(sample_weight, n), M, "n_components = {M}")
 
 
 def _weighted_init(X64, random_state, M, cvtype, reg, method, sample_weight):

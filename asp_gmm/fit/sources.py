@@ -319,6 +319,20 @@ def check_weights(w, n: int | None = None, where: str = "") -> np.ndarray:
     return arr
 
 
+def require_positive(sw: np.ndarray, M: int, components: str = "the M={M} components") -> np.ndarray:
+    """``sw`` when at least ``M`` of its weights are positive, else a ``ValueError`` naming
+    ``sample_weight`` (seeding and the first M-step need ``M`` events that count)."""
+    k = int(np.count_nonzero(sw))
+    if k == 0:
+        raise ValueError("sample_weight is zero for every event; give at least one event a positive weight")
+    if k < M:
+        raise ValueError(
+            f"sample_weight has {k} positive values, fewer than {components.format(M=M)}; give more events a "
+            "positive weight or use fewer components"
+        )
+    return sw
+
+
 class WeightSource:
     """Sample weights aligned with a chunk source's rows: an (N,) array-like (sliced like the rows)
     or a callable returning a fresh iterable of (n_i,) chunks on every call (once per pass)."""
