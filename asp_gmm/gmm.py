@@ -131,7 +131,7 @@ class GMM:
             means = X[seed.event_index(data.N, M, self.seed, sample_weight)]
             with _small_blas(data.N * self.D * self.D if cv == "full" else 0):
                 cov = seed.host_moments(X64, cv, sample_weight)
-            covars = seed.covariances(cov, M, cv, self.reg_covar)
+            covars = seed.covariances(cov, M, cv, self.reg_covar, symmetrise=False)
         elif data.kind == "device":
             n, _mean, cov = cuda_arrays.seed_stats(data.X, cv)
             self._check_variance(np.diag(cov) if cv == "full" else cov)

@@ -61,13 +61,14 @@ def moments_from_sums(n, s1, s2, cvtype: str):
     return m1, s2 / n - (np.outer(m1, m1) if cvtype == "full" else m1 * m1)
 
 
-def covariances(cov, M: int, cvtype: str, reg_covar: float) -> np.ndarray:
+def covariances(cov, M: int, cvtype: str, reg_covar: float, symmetrise: bool = True) -> np.ndarray:
     """Every component's covariance: the data's ``cov`` ((D, D) for full, (D,) for diag),
-    symmetrised, plus ``reg_covar`` on the diagonal; float64 (M, D, D) or (M, D)."""
+    symmetrised (sums of outer products; ``np.cov`` of a host array is used as it is), plus
+    ``reg_covar`` on the diagonal; float64 (M, D, D) or (M, D)."""
     cov = np.asarray(cov, np.float64)
     if cvtype == "full":
         cov = np.atleast_2d(cov)
-        full = 0.5 * (cov + cov.T) + reg_covar * np.eye(cov.shape[0])
+        full = (0.5 * (cov + cov.T) if symmetrise else cov) + reg_covar * np.eye(cov.shape[0])
         return np.repeat(full[None], M, axis=0)
     return np.repeat((cov + reg_covar)[None], M, axis=0)
 
