@@ -7,15 +7,9 @@ Under ``train`` a specializer picks a code variant for the problem and device, r
 template to C or CUDA, compiles it and caches it, and runs the whole EM loop in compiled code.
 """
 
-from importlib import metadata as _metadata
+import importlib.util as _importlib_util
 
-try:
-    #: The installed distribution's version (setup.cfg's ``version`` is the one place it is written).
-    __version__ = _metadata.version("asp_gmm")
-except _metadata.PackageNotFoundError:  # running from a checkout that was never installed
-    __version__ = "0+unknown"
-
-import importlib.util as _importlib_util  # noqa: E402
+from ._version import __version__  # noqa: F401  (setup.cfg's version, read from the installed metadata)
 
 from .errors import ASPGMMError, CompileError, NonFiniteError, NotPositiveDefiniteError  # noqa: E402,F401
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402

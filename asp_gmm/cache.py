@@ -49,7 +49,7 @@ from pathlib import Path
 
 import platformdirs
 
-from . import __version__
+from ._version import __version__
 from .config import settings
 from .errors import CacheError, CompileError, UnsafeCacheError
 from .runtime import default_runtime

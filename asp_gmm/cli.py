@@ -23,7 +23,7 @@ from .config import settings
 
 
 def _history():
-    from . import __version__
+    from ._version import __version__
     from .tuning_db import History, default_url
 
     return History(default_url(settings().db), package_version=__version__)
@@ -236,7 +236,8 @@ def _why(args) -> int:
 
 # ---------------------------------------------------------------------------------- info
 def cmd_info(args) -> int:
-    from . import __version__, backends, cache, registry
+    from . import backends, cache, registry
+    from ._version import __version__
     from .tuning_db import SCHEMA_VERSION, default_url
 
     print(f"asp_gmm {__version__}")
@@ -347,7 +348,7 @@ class _Help(argparse.HelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from ._version import __version__
 
     fmt = _Help
     ap = argparse.ArgumentParser(

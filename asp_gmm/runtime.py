@@ -104,7 +104,7 @@ class Runtime:
         with self.lock:
             h = self.histories.get(url)
             if h is None and url not in self.broken:
-                from . import __version__
+                from ._version import __version__
                 from .tuning_db import History, HistoryError
 
                 try:
