@@ -53,9 +53,8 @@ import numpy as np
 
 try:
     from sklearn.base import BaseEstimator, DensityMixin
-    from sklearn.cluster import KMeans, kmeans_plusplus
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.utils import check_array, check_random_state
+    from sklearn.utils import check_random_state
     from sklearn.utils.validation import check_is_fitted
 except ImportError as exc:  # pragma: no cover - exercised only without scikit-learn
     raise ImportError(
@@ -75,23 +74,26 @@ except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
 from . import cuda_arrays, streaming
-from .fit import sources
+from .fit import init as fit_init
+from .fit import numpy_em, online
+from .fit.checks import _check_means, _check_precisions, _check_weights, _sample_weight, _working_dtype
+from .fit import dropin
+from .fit.dropin import _is_dask_array, fit_large
+from .fit.init import KMEANS_SUBSAMPLE  # noqa: F401  (public: the k-means subsample's size)
+from .fit.numpy_em import (  # noqa: F401  (the drop-in's numerics; tests call them by these names)
+    ILL_DEFINED as _ILL_DEFINED,
+    estep as _estep,
+    estimate_params as _estimate_params,
+    label_params as _label_params,
+    precision_cholesky as _precision_cholesky,
+)
 from . import reference as ref
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
 from .problem import Problem
 
 __all__ = ["GaussianMixture", "KMEANS_SUBSAMPLE"]
 
-#: Above this many events, "kmeans" and "k-means++" initialisation run on a random subsample of this
-#: size (see the module docstring).
-KMEANS_SUBSAMPLE = 10_000
-
 _COMPILED = ("full", "diag")
-_ILL_DEFINED = (
-    "Fitting the mixture model failed because some components have ill-defined empirical covariance "
-    "(for instance caused by singleton or collapsed samples). Try to decrease the number of "
-    "components, increase reg_covar, or scale the input data."
-)
 
 
 def _validate_data(est, X, reset, **kw):
@@ -100,272 +102,6 @@ def _validate_data(est, X, reset, **kw):
     if _sk_validate_data is not None:
         return _sk_validate_data(est, X, reset=reset, **kw)
     return est._validate_data(X, reset=reset, **kw)  # pragma: no cover - scikit-learn < 1.6
-
-
-def _is_dask_array(X) -> bool:
-    return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "to_delayed")
-
-
-def _numpy_stats(X, weights, means, covars, cvtype, sample_weight=None):
-    """:class:`asp_gmm.streaming.SuffStats` of X for "tied" (full second moments) and "spherical"
-    (diagonal ones), from the reference's E-step in float64 NumPy."""
-    from .backends.base import stats_from_posteriors
-
-    X = np.asarray(X, np.float64)
-    lpn, resp = _estep(X, weights, means, _precision_cholesky(covars, cvtype, X.shape[1]), cvtype)
-    kind = "full" if cvtype == "tied" else "diag"
-    st = streaming.SuffStats(len(weights), X.shape[1], kind, means)
-    st.add_block(stats_from_posteriors(X, lpn, resp, means, kind, sample_weight), X.shape[0])
-    return st
-
-
-def _online_mstep(stats, means, covars, reg, cvtype):
-    """The M-step of the running statistics, reduced to ``cvtype`` as scikit-learn reduces its
-    estimates: "tied" the count-weighted mean of the full covariances, "spherical" each diagonal's
-    mean."""
-    if cvtype in _COMPILED:
-        return stats.mstep(means, covars, reg)
-    D = means.shape[1]
-    if cvtype == "tied":
-        prev = np.repeat(np.asarray(covars, np.float64)[None], len(means), 0)
-    else:
-        prev = np.repeat(np.asarray(covars, np.float64)[:, None], D, 1)
-    w, mu, cv = stats.mstep(means, prev, 0.0)
-    if cvtype == "tied":
-        nk = stats.nk + 10 * np.finfo(np.float64).eps
-        return w, mu, np.tensordot(nk, cv, 1) / nk.sum() + reg * np.eye(D)
-    return w, mu, cv.mean(1) + reg
-
-
-def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state, sample_weight=None):
-    """k-means initialisation of a streamed fit, as for large in-memory data: a uniform sample of
-    :data:`KMEANS_SUBSAMPLE` events drawn in one pass (reservoir sampling from ``random_state``),
-    k-means (or k-means++ seeding) on it, then every event labelled by its nearest centre and the
-    hard-label parameters computed in a second pass. Returns ``(N, weights, means, covars)``.
-    With ``sample_weight`` (a weight source) k-means weighs the sampled events and the second pass
-    the labelled ones."""
-    k = KMEANS_SUBSAMPLE
-    sample = np.empty((k, D))
-    sw = None if sample_weight is None else np.empty(k)
-    seen = 0
-    for _start, blk, w in _blocks(src, D, dt, sample_weight):
-        n = blk.shape[0]
-        take = min(max(k - seen, 0), n)
-        sample[seen : seen + take] = blk[:take]
-        t = seen + np.arange(take, n)
-        j = (random_state.random_sample(t.shape[0]) * (t + 1)).astype(np.int64)
-        hit = np.nonzero(j < k)[0]
-        sample[j[hit]] = blk[take + hit]  # in row order: a later row replaces an earlier one
-        if sw is not None:
-            sw[seen : seen + take] = w[:take]
-            sw[j[hit]] = w[take + hit]
-        seen += n
-    if seen < M:
-        raise ValueError(f"Expected n_samples >= n_components but got n_components = {M}, n_samples = {seen}")
-    sample = sample[: min(seen, k)]
-    sw = None if sw is None else sw[: sample.shape[0]]
-    if method == "k-means++":
-        centres, _ = kmeans_plusplus(sample, M, random_state=random_state, sample_weight=sw)
-    else:
-        km = KMeans(n_clusters=M, n_init=1, random_state=random_state)
-        centres = km.fit(sample, sample_weight=sw).cluster_centers_
-    centres = np.asarray(centres, np.float64)
-    full = cvtype == "full"
-    st = streaming.SuffStats(M, D, cvtype, centres)
-    from .backends.base import BlockStats
-
-    for _start, blk, w in _blocks(src, D, dt, sample_weight):
-        x = blk.astype(np.float64)
-        d2 = (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)
-        lab = np.argmin(d2, axis=1)
-        nk = np.bincount(lab, weights=w, minlength=M).astype(np.float64)
-        sumx = np.zeros((M, D))
-        np.add.at(sumx, lab, x if w is None else x * w[:, None])
-        s2 = np.zeros((M, D, D) if full else (M, D))
-        for c in np.unique(lab):
-            y = x[lab == c] - centres[c]
-            yw = y if w is None else y * w[lab == c][:, None]
-            s2[c] = yw.T @ y if full else (yw * y).sum(0)
-        st.add_block(BlockStats(x.shape[0] if w is None else float(w.sum()), 0.0, nk, sumx, s2), x.shape[0])
-    prev = np.repeat((np.eye(D) if full else np.ones(D))[None], M, 0)
-    w, mu, cv = st.mstep(centres, prev, reg)
-    return st.rows, w, mu, cv
-
-
-def _blocks(src, D, dt, sample_weight):
-    """``(start, block, weights or None)`` over a chunk source in blocks of 2^16 rows."""
-    if sample_weight is None:
-        return ((a, b, None) for a, b in streaming.blocks(src, D, dt, 1 << 16))
-    return sources.weighted_blocks(src, sample_weight, D, dt, 1 << 16)
-
-
-def _sample_weight(sample_weight, n, M):
-    """``sample_weight`` checked (:func:`asp_gmm.fit.sources.check_weights`, messages naming it)
-    with at least ``M`` positive weights."""
-    return sources.require_positive(sources.check_weights(sample_weight, n), M, "n_components = {M}")
-
-
-def _weighted_init(X64, random_state, M, cvtype, reg, method, sample_weight):
-    """``_init_from_data`` with weighted events: the responsibilities of each method (random,
-    one-hot at drawn events, k-means labels) multiplied by the weights."""
-    N = X64.shape[0]
-    sw = sample_weight
-    if method == "random":
-        resp = random_state.uniform(size=(N, M))
-        resp /= resp.sum(axis=1)[:, None]
-        return _estimate_params(X64, resp * sw[:, None], reg, cvtype)
-    if method in ("random_from_data", "k-means++"):
-        if method == "random_from_data":
-            idx = random_state.choice(N, size=M, replace=False, p=sw / sw.sum())
-        else:
-            _, idx = kmeans_plusplus(X64, M, random_state=random_state, sample_weight=sw)
-        resp = np.zeros((N, M))
-        resp[idx, np.arange(M)] = 1.0
-        return _estimate_params(X64, resp * sw[:, None], reg, cvtype)
-    sub = None
-    if N > KMEANS_SUBSAMPLE:
-        sub = np.sort(random_state.choice(N, size=KMEANS_SUBSAMPLE, replace=False))
-    Xs, ws = (X64, sw) if sub is None else (X64[sub], sw[sub])
-    km = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(Xs, sample_weight=ws)
-    labels = km.labels_ if sub is None else km.predict(X64)
-    resp = np.zeros((N, M))
-    resp[np.arange(N), labels] = sw
-    return _estimate_params(X64, resp, reg, cvtype)
-
-
-def _dask_seed(adask, X, M, cvtype, dt, reg, seed, backend):
-    """``GMM.train``'s seeding of a Dask array: one pass with no iteration."""
-    r = adask.fit(X, M, cvtype=cvtype, dtype=dt, reg_covar=reg, seed=seed, backend=backend, min_iters=0, max_iters=0)
-    return r.weights, r.means, r.covars
-
-
-# ---------------------------------------------------------------------------------------------------
-# Parameter checks (scikit-learn's messages)
-
-
-def _check_shape(param, shape, name):
-    if param.shape != shape:
-        raise ValueError("The parameter '%s' should have the shape of %s, but got %s" % (name, shape, param.shape))
-
-
-def _check_weights(weights, M):
-    weights = check_array(weights, dtype=[np.float64, np.float32], ensure_2d=False)
-    _check_shape(weights, (M,), "weights")
-    if np.any(weights < 0.0) or np.any(weights > 1.0):
-        raise ValueError(
-            "The parameter 'weights' should be in the range [0, 1], but got max value "
-            "%.5f, min value %.5f" % (np.min(weights), np.max(weights))
-        )
-    atol = 1e-6 if weights.dtype == np.float32 else 1e-8
-    if not np.allclose(np.abs(1.0 - np.sum(weights)), 0.0, atol=atol):
-        raise ValueError("The parameter 'weights' should be normalized, but got sum(weights) = %.5f" % np.sum(weights))
-    return weights
-
-
-def _check_means(means, M, D):
-    means = check_array(means, dtype=[np.float64, np.float32], ensure_2d=False)
-    _check_shape(means, (M, D), "means")
-    return means
-
-
-def _check_precisions(precisions, cvtype, M, D):
-    precisions = check_array(precisions, dtype=[np.float64, np.float32], ensure_2d=False, allow_nd=cvtype == "full")
-    shapes = {"full": (M, D, D), "tied": (D, D), "diag": (M, D), "spherical": (M,)}
-    _check_shape(precisions, shapes[cvtype], "%s precision" % cvtype)
-    if cvtype in ("diag", "spherical"):
-        if np.any(precisions <= 0.0):
-            raise ValueError("'%s precision' should be positive" % cvtype)
-    else:
-        mats = precisions if cvtype == "full" else precisions[None]
-        if not (np.allclose(mats, np.swapaxes(mats, -1, -2)) and np.all(np.linalg.eigvalsh(mats) > 0.0)):
-            raise ValueError("'%s precision' should be symmetric, positive-definite" % cvtype)
-    return precisions
-
-
-def _working_dtype(dtype, X_dtype) -> np.dtype:
-    if dtype is None:
-        return np.dtype(np.float32) if X_dtype == np.float32 else np.dtype(np.float64)
-    try:
-        dt = np.dtype(dtype)
-    except TypeError:
-        dt = None
-    if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(
-            f"The 'dtype' parameter of GaussianMixture must be None, 'float32' or 'float64'. Got {dtype!r} instead."
-        )
-    return dt
-
-
-# ---------------------------------------------------------------------------------------------------
-# Numerics: the float64 reference (asp_gmm/reference.py) with scikit-learn's conventions (upper
-# Cholesky factor U of each precision, inv(cov) = U U^T) and scikit-learn's error rule and message
-
-
-def _precision_cholesky(cov, cvtype, D):
-    """scikit-learn's ``precisions_cholesky_`` of covariances, float64, same shape as ``cov``.
-
-    As scikit-learn, only a failed factorisation (or a variance that is not positive) is an error:
-    a ValueError with scikit-learn's message. ``D`` is the number of features."""
-    try:
-        return ref.precision_cholesky(cov, cvtype, cond_limit=None, n_features=D)[0]
-    except ref.NotPositiveDefiniteError:
-        raise ValueError(_ILL_DEFINED) from None
-
-
-def _estep(X, weights, means, prec_chol, cvtype):
-    """``(log p(x) (N,), responsibilities (N, M))`` of float64 X under the given factors."""
-    return ref.estep_cholesky(X, weights, means, prec_chol, cvtype)
-
-
-def _estimate_params(X, resp, reg, cvtype):
-    """Counts ``nk`` (M,) (unnormalised weights), means (M, D) and covariances from soft
-    responsibilities (N, M): scikit-learn's M-step (no empty-component rule)."""
-    nk, _, means = ref.mstep_weights_means(X, resp)
-    return nk, means, ref.covariance(X, resp, nk, means, cvtype, reg)
-
-
-def _one_blas_thread():
-    """Context in which BLAS runs on one thread: the hard-label statistics are M small products,
-    where BLAS threading costs more than it gives (and much more on a loaded machine)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of asp_gmm
-        import contextlib
-
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
-
-
-def _label_params(X, labels, M, reg, cvtype):
-    """As :func:`_estimate_params` for 0/1 responsibilities (component k owns the events labelled
-    k; any other label owns nothing), in O(N D^2) instead of O(N M D^2)."""
-    with _one_blas_thread():
-        return ref.mstep_from_labels(X, labels, M, cvtype, reg)
-
-
-def _one_hot_params(X, idx, reg, cvtype):
-    """Component k owns exactly event ``idx[k]`` (k-means++, random_from_data)."""
-    idx = np.asarray(idx)
-    M = len(idx)
-    if np.unique(idx).size == M:
-        labels = np.full(X.shape[0], -1, dtype=np.intp)
-        labels[idx] = np.arange(M)
-        nk, means, cov = _label_params(X, labels, M, reg, cvtype)
-        # Start where scikit-learn starts. The exact variance of a one-event component is reg_covar;
-        # scikit-learn's one-pass formula E[x^2] - mean^2 leaves about 10 eps x^2 in it, which next to a
-        # reg_covar of 1e-6 steers the first iterations. Its "tied" formula counts every event's
-        # scatter, owned or not (the total scatter of X over M, not reg_covar).
-        if cvtype in ("diag", "spherical"):
-            x = X[idx]
-            cov = x * x / nk[:, None] - means**2 + reg
-            cov = cov if cvtype == "diag" else cov.mean(axis=1)
-        elif cvtype == "tied":
-            cov = (X.T @ X - (nk * means.T) @ means) / nk.sum()
-            cov.flat[:: X.shape[1] + 1] += reg
-        return nk, means, cov
-    resp = np.zeros((X.shape[0], M))  # an event drawn twice belongs to two components
-    resp[idx, np.arange(M)] = 1.0
-    return _estimate_params(X, resp, reg, cvtype)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -504,106 +240,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if _is_dask_array(X) or (
             streaming.is_source(X) and (self.covariance_type in _COMPILED or not hasattr(X, "shape"))
         ):
-            self._fit_large(X, sample_weight)
+            fit_large(self, X, sample_weight)
             return self
         self._fit(X, sample_weight)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
         return self
-
-    def _fit_large(self, X, sample_weight=None):
-        """:meth:`fit` of a chunk source or a Dask array (see :meth:`fit`)."""
-        if hasattr(self, "_validate_params"):
-            self._validate_params()
-        cvtype, M = self.covariance_type, self.n_components
-        if cvtype not in _COMPILED:
-            raise ValueError(
-                f"covariance_type={cvtype!r} cannot be fitted on streamed or Dask data; use 'full' or "
-                "'diag', or load X into memory"
-            )
-        on_dask = _is_dask_array(X)
-        if on_dask:
-            src, D, kind = None, int(X.shape[1]), X.dtype
-        else:
-            src = streaming.as_source(X)
-            first = None if src.n_features is not None else next(iter(src.chunks()), None)
-            D = src.n_features if first is None else np.asarray(first).shape[-1]
-            kind = getattr(X, "dtype", None) if first is None else np.asarray(first).dtype
-        dt = _working_dtype(
-            self.dtype, np.dtype(kind) if kind is not None and np.dtype(kind).kind == "f" else np.dtype(np.float64)
-        )
-        inits = (
-            None if self.weights_init is None else _check_weights(self.weights_init, M),
-            None if self.means_init is None else _check_means(self.means_init, M, D),
-            None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
-        )
-        w, mu, cv = inits[0], inits[1], None
-        if inits[2] is not None:
-            cv = ref.covariances_from_precision_cholesky(
-                ref.precision_cholesky_from_precisions(inits[2], cvtype), cvtype
-            )
-        if self.warm_start and hasattr(self, "converged_"):
-            w, mu, cv = self._params64()
-        seed = None if self.random_state is None else int(check_random_state(self.random_state).randint(2**31 - 1))
-        reg, tol = float(self.reg_covar), float(self.tol)
-        n = None
-        if on_dask:
-            from . import dask as adask
-
-            if w is None or mu is None or cv is None:
-                s_w, s_mu, s_cv = _dask_seed(adask, X, M, cvtype, dt, reg, seed, self.backend)
-                w, mu, cv = (s_w if w is None else w), (s_mu if mu is None else mu), (s_cv if cv is None else cv)
-            kw = dict(cvtype=cvtype, dtype=dt, reg_covar=reg, backend=self.backend)
-            if sample_weight is not None:  # (asp_gmm.dask takes the weights as an aligned Dask array)
-                kw["sample_weight"] = sample_weight
-            r1 = adask.fit(
-                X, M, weights=w, means=mu, covars=cv, min_iters=1, max_iters=max(self.max_iter - 1, 0), tol=tol, **kw
-            )
-            r2 = adask.fit(
-                X,
-                M,
-                weights=r1.weights,
-                means=r1.means,
-                covars=r1.covars,
-                min_iters=1,
-                max_iters=1 if self.max_iter else 0,
-                tol=0.0,
-                **kw,
-            )
-            n = r1.n_events
-        else:
-            sw = sources.as_weights(sample_weight, src.n_rows)
-            if (w is None or mu is None or cv is None) and self.init_params in ("kmeans", "k-means++"):
-                n, k_w, k_mu, k_cv = _stream_kmeans_init(
-                    src, M, D, cvtype, dt, reg, self.init_params, check_random_state(self.random_state), sw
-                )
-                w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
-            elif w is None or mu is None or cv is None:
-                n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed, sw)
-                w = np.full(M, 1.0 / M) if w is None else w
-                mu = s_mu.astype(np.float64) if mu is None else mu
-                cv = s_cv if cv is None else cv
-            prob = Problem(n or src.n_rows or 0, D, M, cvtype, dt.name)
-            spec = self._specializer(prob)
-            try:
-                r1 = spec.train(src, w, mu, cv, prob, reg, 1, max(self.max_iter - 1, 0), tol, sample_weight=sw)
-                r2 = spec.train(
-                    src, r1.weights, r1.means, r1.covars, prob, reg, 1, 1 if self.max_iter else 0, 0.0, sample_weight=sw
-                )
-            except (NotPositiveDefiniteError, FloatingPointError) as exc:
-                raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
-            n = r1.n_events
-        lbs = [float(v) / (getattr(r1, "weight_sum", 0.0) or n) for v in r1.loglik_trace]
-        if not r1.converged and self.max_iter > 0:
-            warnings.warn(
-                "Best performing initialization did not converge. Try different init "
-                "parameters, or increase max_iter, tol, or check for degenerate data.",
-                ConvergenceWarning,
-            )
-        self._set_parameters((r2.weights, r2.means, r2.covars), dt)
-        self.converged_ = bool(r1.converged)
-        self.n_iter_ = int(r1.iters + 1) if self.max_iter else 0
-        self.lower_bound_ = lbs[-1]
-        self.lower_bounds_ = lbs
-        self.n_features_in_ = D
 
     def partial_fit(self, X, y=None, sample_weight=None):
         """One step of stepwise online EM on the batch X, for streams that cannot be read twice.
@@ -645,11 +285,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                     f"n_components = {M}, n_samples = {n}"
                 )
             dt = _working_dtype(self.dtype, X.dtype)
-            inits = (
-                None if self.weights_init is None else _check_weights(self.weights_init, M),
-                None if self.means_init is None else _check_means(self.means_init, M, D),
-                None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
-            )
+            inits = self._checked_inits(M, D)
             w, mu, cv = self._initial_params(X, check_random_state(self.random_state), inits, sw)
         else:
             dt = np.dtype(self.means_.dtype)
@@ -660,7 +296,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 prob = Problem(n, D, M, cvtype, dt.name)
                 st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg, sample_weight=sw)
             else:  # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
-                st = _numpy_stats(X, w, mu, cv, cvtype, sw)
+                st = online.numpy_stats(X, w, mu, cv, cvtype, sw)
             st = st.scaled(1.0 / st.n)
             if first:
                 self._online_stats, self._online_steps = st, 0
@@ -668,7 +304,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 self._online_steps += 1
                 rho = (float(self.online_t0) + self._online_steps) ** -float(self.online_kappa)
                 self._online_stats = self._online_stats.recentred(st.centre).scaled(1.0 - rho).add(st.scaled(rho))
-            params = _online_mstep(self._online_stats, mu, cv, reg, cvtype)
+            params = online.online_mstep(self._online_stats, mu, cv, reg, cvtype)
             _precision_cholesky(params[2], cvtype, D)
         except (NotPositiveDefiniteError, FloatingPointError) as exc:
             raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
@@ -699,11 +335,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         sw = None if sample_weight is None else _sample_weight(sample_weight, N, M)
         dt = _working_dtype(self.dtype, X.dtype)
         cvtype = self.covariance_type
-        inits = (
-            None if self.weights_init is None else _check_weights(self.weights_init, M),
-            None if self.means_init is None else _check_means(self.means_init, M, D),
-            None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
-        )
+        inits = self._checked_inits(M, D)
 
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         n_init = self.n_init if do_init else 1
@@ -785,53 +417,20 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         raise last  # pragma: no cover - the numpy backend runs everything
 
     def _em_compiled(self, spec, Xw, params, lb_prev, sample_weight=None):
-        """scikit-learn's loop on the compiled core: up to ``max_iter - 1`` core iterations with the
-        same stopping rule (the core checks one iteration earlier), then the final M-step."""
-        w, mu, cv = params
-        sw = sample_weight
-        N = Xw.shape[0]
-        W = N if sw is None else float(sw.sum())  # the lower bound is per unit of weight
-        prob = Problem(N, Xw.shape[1], self.n_components, self.covariance_type, Xw.dtype.name)
-        reg, tol = float(self.reg_covar), float(self.tol)
-        try:
-            if np.isfinite(lb_prev):
-                # warm start: scikit-learn's first check compares with the previous lower bound
-                lp, _ = spec.evaluate(Xw, w, mu, cv, prob, reg, False)
-                lp = np.asarray(lp, np.float64)
-                l0 = float(np.sum(lp if sw is None else lp * sw, dtype=np.float64)) / W
-                if abs(l0 - lb_prev) < tol:
-                    r = spec.train(Xw, w, mu, cv, prob, reg, 1, 1, 0.0, sample_weight=sw)
-                    return r.weights, r.means, r.covars, 1, [l0], True
-            r1 = spec.train(Xw, w, mu, cv, prob, reg, 1, self.max_iter - 1, tol, sample_weight=sw)
-            r2 = spec.train(Xw, r1.weights, r1.means, r1.covars, prob, reg, 1, 1, 0.0, sample_weight=sw)
-        except (NotPositiveDefiniteError, FloatingPointError) as exc:
-            raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
-        trace = getattr(r1, "loglik_trace", None) or [r1.loglik]
-        lbs = [float(v) / W for v in trace]
-        lbs[-1] = r1.loglik / W
-        return r2.weights, r2.means, r2.covars, r1.iters + 1, lbs, bool(r1.converged)
+        return dropin.compiled_em(self, spec, Xw, params, lb_prev, sample_weight)
 
     def _em_numpy(self, X, params, lb_prev, sample_weight=None):
-        """scikit-learn's loop in float64 NumPy (tied, spherical)."""
-        cvtype, reg, tol = self.covariance_type, float(self.reg_covar), float(self.tol)
-        w, mu, cv = params
-        D = X.shape[1]
-        pc = _precision_cholesky(cv, cvtype, D)
-        lower_bound, lbs, conv, n_iter = lb_prev, [], False, 0
-        for n_iter in range(1, self.max_iter + 1):
-            prev = lower_bound
-            lpn, resp = _estep(X, w, mu, pc, cvtype)
-            if sample_weight is not None:
-                resp = resp * sample_weight[:, None]
-            nk, mu, cv = _estimate_params(X, resp, reg, cvtype)
-            w = nk / nk.sum()
-            pc = _precision_cholesky(cv, cvtype, D)
-            lower_bound = float(np.mean(lpn) if sample_weight is None else np.average(lpn, weights=sample_weight))
-            lbs.append(lower_bound)
-            if abs(lower_bound - prev) < tol:
-                conv = True
-                break
-        return w, mu, cv, n_iter, lbs, conv
+        """scikit-learn's loop in float64 NumPy (tied, spherical): :func:`asp_gmm.fit.numpy_em.em`."""
+        return numpy_em.em(
+            X,
+            params,
+            self.covariance_type,
+            float(self.reg_covar),
+            float(self.tol),
+            self.max_iter,
+            lb_prev,
+            sample_weight,
+        )
 
     # ------------------------------------------------------------------------------ initialisation
     def _initial_params(self, X, random_state, inits, sample_weight=None):
@@ -854,29 +453,17 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return (np.asarray(weights, np.float64), np.asarray(means, np.float64), np.asarray(cov, np.float64))
 
     def _init_from_data(self, X, random_state, N, M, cvtype, reg, sample_weight=None):
-        X64 = np.asarray(X, dtype=np.float64)
-        method = self.init_params
-        if sample_weight is not None:
-            return _weighted_init(X64, random_state, M, cvtype, reg, method, sample_weight)
-        if method == "random":
-            resp = random_state.uniform(size=(N, M))
-            resp /= resp.sum(axis=1)[:, None]
-            return _estimate_params(X64, resp, reg, cvtype)
-        if method == "random_from_data":
-            idx = random_state.choice(N, size=M, replace=False)
-            return _one_hot_params(X64, idx, reg, cvtype)
-        sub = None
-        if N > KMEANS_SUBSAMPLE:
-            sub = np.sort(random_state.choice(N, size=KMEANS_SUBSAMPLE, replace=False))
-        Xs = X if sub is None else X[sub]
-        if method == "k-means++":
-            _, idx = kmeans_plusplus(Xs, M, random_state=random_state)
-            if sub is not None:
-                idx = sub[idx]
-            return _one_hot_params(X64, idx, reg, cvtype)
-        km = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(Xs)
-        labels = km.labels_ if sub is None else km.predict(X)
-        return _label_params(X64, labels, M, reg, cvtype)
+        return fit_init.from_data(X, random_state, M, cvtype, reg, self.init_params, sample_weight)
+
+    def _checked_inits(self, M, D):
+        """``(weights_init, means_init, precisions_init)`` checked with scikit-learn's messages
+        (``None`` where not given)."""
+        cvtype = self.covariance_type
+        return (
+            None if self.weights_init is None else _check_weights(self.weights_init, M),
+            None if self.means_init is None else _check_means(self.means_init, M, D),
+            None if self.precisions_init is None else _check_precisions(self.precisions_init, cvtype, M, D),
+        )
 
     # ------------------------------------------------------------------------------ parameters
     def _set_parameters(self, params, dt, from_precisions=False):

@@ -242,7 +242,9 @@ def test_large_n_kmeans_runs_on_a_subsample(rng, monkeypatch):
     hard-label statistics of all events (scikit-learn's formulas with 0/1 responsibilities)."""
     from sklearn.cluster import KMeans
 
-    monkeypatch.setattr(sklearn_api, "KMEANS_SUBSAMPLE", 400)
+    from asp_gmm.fit import init
+
+    monkeypatch.setattr(init, "KMEANS_SUBSAMPLE", 400)  # (the drop-in's initialisations live in asp_gmm/fit/init.py)
     X = make_blobs(rng, 3000, 4, 3)
     calls = []
     real_fit = KMeans.fit

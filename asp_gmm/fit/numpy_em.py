@@ -1,0 +1,110 @@
+"""The drop-in's float64 NumPy numerics: the reference (:mod:`asp_gmm.reference`) with scikit-learn's
+conventions (upper Cholesky factor U of each precision, inv(cov) = U U^T), scikit-learn's error rule
+and message, the M-step from soft or hard responsibilities, and scikit-learn's EM loop for the
+covariance types without compiled variants ("tied", "spherical").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import reference as ref
+
+#: scikit-learn's message for a covariance that cannot be factored.
+ILL_DEFINED = (
+    "Fitting the mixture model failed because some components have ill-defined empirical covariance "
+    "(for instance caused by singleton or collapsed samples). Try to decrease the number of "
+    "components, increase reg_covar, or scale the input data."
+)
+
+
+def precision_cholesky(cov, cvtype, D):
+    """scikit-learn's ``precisions_cholesky_`` of covariances, float64, same shape as ``cov``.
+
+    As scikit-learn, only a failed factorisation (or a variance that is not positive) is an error:
+    a ValueError with scikit-learn's message. ``D`` is the number of features."""
+    try:
+        return ref.precision_cholesky(cov, cvtype, cond_limit=None, n_features=D)[0]
+    except ref.NotPositiveDefiniteError:
+        raise ValueError(ILL_DEFINED) from None
+
+
+def estep(X, weights, means, prec_chol, cvtype):
+    """``(log p(x) (N,), responsibilities (N, M))`` of float64 X under the given factors."""
+    return ref.estep_cholesky(X, weights, means, prec_chol, cvtype)
+
+
+def estimate_params(X, resp, reg, cvtype):
+    """Counts ``nk`` (M,) (unnormalised weights), means (M, D) and covariances from soft
+    responsibilities (N, M): scikit-learn's M-step (no empty-component rule)."""
+    nk, _, means = ref.mstep_weights_means(X, resp)
+    return nk, means, ref.covariance(X, resp, nk, means, cvtype, reg)
+
+
+def one_blas_thread():
+    """Context in which BLAS runs on one thread: the hard-label statistics are M small products,
+    where BLAS threading costs more than it gives (and much more on a loaded machine)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of asp_gmm
+        import contextlib
+
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def label_params(X, labels, M, reg, cvtype):
+    """As :func:`_estimate_params` for 0/1 responsibilities (component k owns the events labelled
+    k; any other label owns nothing), in O(N D^2) instead of O(N M D^2)."""
+    with one_blas_thread():
+        return ref.mstep_from_labels(X, labels, M, cvtype, reg)
+
+
+def one_hot_params(X, idx, reg, cvtype):
+    """Component k owns exactly event ``idx[k]`` (k-means++, random_from_data)."""
+    idx = np.asarray(idx)
+    M = len(idx)
+    if np.unique(idx).size == M:
+        labels = np.full(X.shape[0], -1, dtype=np.intp)
+        labels[idx] = np.arange(M)
+        nk, means, cov = label_params(X, labels, M, reg, cvtype)
+        # Start where scikit-learn starts. The exact variance of a one-event component is reg_covar;
+        # scikit-learn's one-pass formula E[x^2] - mean^2 leaves about 10 eps x^2 in it, which next to a
+        # reg_covar of 1e-6 steers the first iterations. Its "tied" formula counts every event's
+        # scatter, owned or not (the total scatter of X over M, not reg_covar).
+        if cvtype in ("diag", "spherical"):
+            x = X[idx]
+            cov = x * x / nk[:, None] - means**2 + reg
+            cov = cov if cvtype == "diag" else cov.mean(axis=1)
+        elif cvtype == "tied":
+            cov = (X.T @ X - (nk * means.T) @ means) / nk.sum()
+            cov.flat[:: X.shape[1] + 1] += reg
+        return nk, means, cov
+    resp = np.zeros((X.shape[0], M))  # an event drawn twice belongs to two components
+    resp[idx, np.arange(M)] = 1.0
+    return estimate_params(X, resp, reg, cvtype)
+
+
+def em(X, params, cvtype: str, reg: float, tol: float, max_iter: int, lb_prev: float, sample_weight=None):
+    """scikit-learn's EM loop in float64 NumPy (the drop-in's "tied" and "spherical"): up to
+    ``max_iter`` iterations (E-step, M-step), stopped when the mean log-likelihood (per unit of
+    weight with ``sample_weight``) changes by less than ``tol``. Returns ``(weights, means,
+    covariances, iterations, lower bounds, converged)``."""
+    w, mu, cv = params
+    D = X.shape[1]
+    pc = precision_cholesky(cv, cvtype, D)
+    lower_bound, lbs, conv, n_iter = lb_prev, [], False, 0
+    for n_iter in range(1, max_iter + 1):
+        prev = lower_bound
+        lpn, resp = estep(X, w, mu, pc, cvtype)
+        if sample_weight is not None:
+            resp = resp * sample_weight[:, None]
+        nk, mu, cv = estimate_params(X, resp, reg, cvtype)
+        w = nk / nk.sum()
+        pc = precision_cholesky(cv, cvtype, D)
+        lower_bound = float(np.mean(lpn) if sample_weight is None else np.average(lpn, weights=sample_weight))
+        lbs.append(lower_bound)
+        if abs(lower_bound - prev) < tol:
+            conv = True
+            break
+    return w, mu, cv, n_iter, lbs, conv
