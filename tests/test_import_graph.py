@@ -101,7 +101,9 @@ def test_lines_never_crossed():
         if m != "asp_gmm" and "asp_gmm" in deps and m not in face:
             crossed.append(f"{m} imports the package's __init__ (the Face)")
         if m.startswith("asp_gmm.selection") and deps & (face | {"asp_gmm.specializer", "asp_gmm.runtime"}):
-            crossed.append(f"{m} (selection) imports {sorted(deps & (face | {'asp_gmm.specializer', 'asp_gmm.runtime'}))}")
+            crossed.append(
+                f"{m} (selection) imports {sorted(deps & (face | {'asp_gmm.specializer', 'asp_gmm.runtime'}))}"
+            )
     assert not crossed, "\n".join(crossed)
 
 
