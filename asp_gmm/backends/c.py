@@ -50,6 +50,7 @@ int asp_em(asp_state *s, void *cov_fn, int moments, int min_iters, int max_iters
 int asp_covariance(const void *view, double *acc);
 int asp_load(asp_state *s, const void *X, int64_t n);
 int asp_stats(asp_state *s, void *cov_fn, int moments, double *out);
+void asp_set_weights(asp_state *s, const double *w);
 """
 ffi = cffi.FFI()
 ffi.cdef(_CDEF)
@@ -226,6 +227,10 @@ class CBackend(Backend):
         return CSession(self, X, problem)
 
     def open_stats(self, problem: Problem, kernel: Kernel | None = None) -> "CStatsRunner":
+        return CStatsRunner(self, problem, kernel)
+
+    def open_weighted_stats(self, problem: Problem, kernel: Kernel | None = None) -> "CStatsRunner":
+        """The core takes the weights itself (:meth:`CStatsRunner.stats_weighted`)."""
         return CStatsRunner(self, problem, kernel)
 
     def stream_block_rows(self, problem: Problem) -> int:
@@ -500,6 +505,18 @@ class CStatsRunner(StatsRunner):
             low = np.tril(acc)
             acc = low + np.swapaxes(np.tril(acc, -1), 1, 2)
         return BlockStats(n, float(o[0]), nk, sumx, acc)
+
+    def stats_weighted(self, X, sample_weight) -> BlockStats:
+        """:meth:`stats` with the weights folded into the posteriors by the core's E-step
+        (``asp_set_weights``): every sum the core and the variant take is weighted."""
+        ses, lib = self._session, self._session._lib
+        w = np.ascontiguousarray(sample_weight, np.float64)
+        lib.asp_set_weights(ses._state, _dptr(w))
+        try:
+            st = self.stats(X)
+        finally:
+            lib.asp_set_weights(ses._state, ffi.NULL)
+        return BlockStats(float(w.sum()), st.loglik, st.nk, st.sumx, st.s2)
 
     def close(self) -> None:
         self._session.close()
