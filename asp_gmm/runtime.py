@@ -49,6 +49,7 @@ class Runtime:
         self.warned_slow = False
         self.warned: set = set()
         self._pool = None  # the background-compile pool, made on first use
+        self._compile_pool = None  # NVRTC's compile threads, made on first use
         from .frozen import Memo
 
         #: immutable arrays already checked for NaN/inf (:func:`asp_gmm.fit.data.check_data`)
@@ -71,6 +72,18 @@ class Runtime:
                         register(lambda: pool.shutdown(wait=False, cancel_futures=True))
                     self._pool = pool
         return self._pool
+
+    def compile_pool(self):
+        """The pool :func:`asp_gmm.backends.nvrtc.compile_many` compiles on (one thread per core),
+        made on first use; separate from :meth:`background_pool`, whose tasks wait on it."""
+        if self._compile_pool is None:
+            with self.lock:
+                if self._compile_pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+                    self._compile_pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-compile")
+        return self._compile_pool
 
     # ------------------------------------------------------------------ selection
     @property

@@ -24,7 +24,6 @@ import functools
 import logging
 import os
 import shutil
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -235,19 +234,12 @@ def _log(nv, prog) -> str:
     return bytes(buf).rstrip(b"\0").decode(errors="replace")
 
 
-_pool = None
-_pool_lock = threading.Lock()
-
-
 def pool() -> ThreadPoolExecutor:
-    """The process-wide pool of compile threads (one per core: NVRTC releases the GIL)."""
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
-                _pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-compile")
-    return _pool
+    """The pool of compile threads (one per core: NVRTC releases the GIL), owned by the default
+    :class:`~asp_gmm.runtime.Runtime` (:meth:`~asp_gmm.runtime.Runtime.compile_pool`)."""
+    from ..runtime import default_runtime
+
+    return default_runtime().compile_pool()
 
 
 def compile_many(jobs, fn=None) -> list:
