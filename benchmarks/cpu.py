@@ -53,7 +53,7 @@ def time_variant(backend, variant, X, params, cvtype, iters):
     with backend.open(X, problem) as s:
         s.set_params(*params, 1e-6)
         s.loglik()  # first E-step outside the timing
-        run = s.em(kernel, iters, iters, 0.0, 1e-6)
+        run = s.em(kernel, min_iters=iters, max_iters=iters, tol=0.0, reg_covar=1e-6)
     return statistics.median(run.iter_seconds), statistics.median(run.cov_seconds)
 
 

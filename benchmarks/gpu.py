@@ -109,10 +109,10 @@ def bench_asp(X, params, cvtype, iters, log):
                     k = be.kernel(v, tun, p)
                     n_it = iters if v.name not in ("V1", "V2") or M * p.cells * N < 2e10 else 2
                     s.set_params(*params, REG)
-                    s.em(k, 1, 1, 0.0, REG)  # warm-up
+                    s.em(k, min_iters=1, max_iters=1, tol=0.0, reg_covar=REG)  # warm-up
                     s.set_params(*params, REG)
                     t0 = time.perf_counter()
-                    run = s.em(k, n_it, n_it, 0.0, REG)
+                    run = s.em(k, min_iters=n_it, max_iters=n_it, tol=0.0, reg_covar=REG)
                     wall = (time.perf_counter() - t0) / max(run.iters, 1)
                     rows.append(
                         dict(
@@ -144,8 +144,8 @@ def bench_asp(X, params, cvtype, iters, log):
                 s.estep_mod = be.estep(p, v2, tun2)
                 k = be.kernel(v, tun, p)
                 s.set_params(*params, REG)
-                s.em(k, 1, 1, 0.0, REG)
-                run = s.em(k, iters, iters, 0.0, REG)
+                s.em(k, min_iters=1, max_iters=1, tol=0.0, reg_covar=REG)
+                run = s.em(k, min_iters=iters, max_iters=iters, tol=0.0, reg_covar=REG)
                 best["iter_ms_by_estep"][v2.name] = 1e3 * statistics.median(run.iter_seconds)
             s.estep_mod = default
             log(f"    best V1-V4 {best['variant']} iteration by E-step (ms): {best['iter_ms_by_estep']}")
@@ -190,10 +190,10 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
                 except Exception as exc:  # noqa: BLE001 - a tunable the limits exclude, say
                     out["estep_sweep"][str(tun)] = repr(exc)[:120]
             s.estep_mod = default
-        s.em(k, 1, 1, 0.0, REG)  # warm-up
+        s.em(k, min_iters=1, max_iters=1, tol=0.0, reg_covar=REG)  # warm-up
         s.set_params(*params, REG)
         t0 = time.perf_counter()
-        run = s.em(k, iters, iters, 0.0, REG)
+        run = s.em(k, min_iters=iters, max_iters=iters, tol=0.0, reg_covar=REG)
         out["em_wall_ms"] = 1e3 * (time.perf_counter() - t0) / max(run.iters, 1)
         out["iter_ms"] = 1e3 * statistics.median(run.iter_seconds)
         ph = list(zip(*s.phase_seconds))
@@ -203,9 +203,9 @@ def bench_iteration(X, params, cvtype, iters, log, variant="V5", sweep=False):
             try:
                 k2 = be.kernel(v, tun, p)
                 s.set_params(*params, REG)
-                s.em(k2, 1, 1, 0.0, REG)
+                s.em(k2, min_iters=1, max_iters=1, tol=0.0, reg_covar=REG)
                 s.set_params(*params, REG)
-                s.em(k2, iters, iters, 0.0, REG)
+                s.em(k2, min_iters=iters, max_iters=iters, tol=0.0, reg_covar=REG)
                 out.setdefault("cov_sweep", {})[str(tun)] = 1e3 * statistics.median(list(zip(*s.phase_seconds))[1])
             except Exception as exc:  # noqa: BLE001
                 out.setdefault("cov_sweep", {})[str(tun)] = repr(exc)[:120]
@@ -400,7 +400,7 @@ def profile_once(X, params, cvtype, variant="V5", tunables=None, iters=2):
     try:
         k = be.kernel(registry.get("cuda", variant, "covariance"), tunables or {}, p)
         s.set_params(*params, REG)
-        s.em(k, iters, iters, 0.0, REG)
+        s.em(k, min_iters=iters, max_iters=iters, tol=0.0, reg_covar=REG)
     finally:
         s.close()
 

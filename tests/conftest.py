@@ -75,7 +75,7 @@ def session_vs_reference(rng, X, M, cvtype, variant, tunables, iters=2):
     s = be.open(X, p)
     try:
         s.set_params(w, mu, cv, 1e-6)
-        run = s.em(be.kernel(v, tunables, p), iters, iters, 0.0, 1e-6)
+        run = s.em(be.kernel(v, tunables, p), min_iters=iters, max_iters=iters, tol=0.0, reg_covar=1e-6)
         params = s.params()
     finally:
         s.close()

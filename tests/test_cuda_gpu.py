@@ -213,7 +213,13 @@ def test_loglik_trace(rng):
     try:
         s.set_params(w, mu, cv, 1e-6)
         ll0 = s.loglik()
-        run = s.em(be.kernel(registry.get("cuda", "V4", "covariance"), None, p), 3, 3, 0.0, 1e-6)
+        run = s.em(
+            be.kernel(registry.get("cuda", "V4", "covariance"), None, p),
+            min_iters=3,
+            max_iters=3,
+            tol=0.0,
+            reg_covar=1e-6,
+        )
     finally:
         s.close()
     assert len(run.loglik_trace) == run.iters + 1 == 4

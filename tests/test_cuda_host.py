@@ -157,7 +157,7 @@ def test_sessions_run_the_em_loop_through_every_module(backend, M, cvtype):
         with be.open(X, p) as s:
             assert s.problem == cu.binary_problem(p) and s.m_live == M
             s.set_params(w, mu, cov, 1e-6)
-            run = s.em(k, 3, 3, 0.0, 1e-6)
+            run = s.em(k, min_iters=3, max_iters=3, tol=0.0, reg_covar=1e-6)
             assert run.iters == 3 and len(run.loglik_trace) == 4
             pw, pm, pc = s.params()
             assert pw.shape == (M,) and pm.shape == (M, D) and pc.shape == cov.shape

@@ -234,7 +234,7 @@ def test_v7_guard_flags_only_cancelling_components(mtc, fill, rng):
         be, p, s = _session(X, 8, w, mu, cv)
         try:
             _fill_scratch(s, fill)
-            run = s.em(be.kernel(V7, {"mtc": mtc}, p), 1, 1, 0.0, 1e-6)
+            run = s.em(be.kernel(V7, {"mtc": mtc}, p), min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
             flags = _flags(s, 12, 8)
             weights, means, covars = s.params()
         finally:
@@ -266,7 +266,7 @@ def test_v7_exact_pass_serves_scattered_flags(mtc, fill, rng):
     be, p, s = _session(X, M, w, mu, cv)
     try:
         _fill_scratch(s, fill)
-        run = s.em(be.kernel(V7, {"mtc": mtc}, p), 1, 1, 0.0, 1e-6)
+        run = s.em(be.kernel(V7, {"mtc": mtc}, p), min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
         flags = _flags(s, D, M)
         weights, means, covars = s.params()
     finally:
@@ -289,9 +289,9 @@ def test_v7_after_plain_estep_and_failed_step(rng):
     try:
         ll0 = s.loglik()
         k = be.kernel(V7, None, p)
-        first = s.em(k, 1, 1, 0.0, 1e-6)
+        first = s.em(k, min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
         assert first.loglik_trace[0] == pytest.approx(ll0, rel=1e-6)
-        run = s.em(k, 2, 2, 0.0, 1e-6)
+        run = s.em(k, min_iters=2, max_iters=2, tol=0.0, reg_covar=1e-6)
         weights, means, covars = s.params()
         # V7's E-step stores only the resp rows its exact fallback may need: eval must give them all
         lp, post = s.eval(want_resp=True)

@@ -121,7 +121,7 @@ def test_vd_every_tunable_combination(shape, dtype, rng):
     for tun in v.tunable_space():
         with be.open(X, prob) as s:
             s.set_params(w, mu, cv, 1e-6)
-            s.em(be.kernel(v, tun, prob), 1, 1, 0.0, 1e-6)
+            s.em(be.kernel(v, tun, prob), min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
             _, _, covars = s.params()
         tol = TOL[dtype]
         np.testing.assert_allclose(
@@ -144,8 +144,8 @@ def test_switching_between_moment_and_posterior_variants(rng):
     with be.open(X, prob) as s:
         s.set_params(w, mu, cv, 1e-6)
         for name in ("VF", "V4", "VF", "BLAS", "VF", "VD"):
-            s.em(k[name], 1, 1, 0.0, 1e-6)
-        s.em(k["VF"], 1, 1, 0.0, 1e-6)
+            s.em(k[name], min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
+        s.em(k["VF"], min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
         mixed, ll = s.params(), s.loglik()
         logprob, post = s.eval()
     r = ref.em(X, w, mu, cv, "diag", 1e-6, 7, 7, 0.0)

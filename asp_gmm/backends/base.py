@@ -85,29 +85,12 @@ class Session(abc.ABC):
     def params(self):
         """Return float64 copies ``(weights, means, covars)``."""
 
-    def em(
-        self,
-        kernel: Kernel,
-        *legacy,
-        min_iters: int | None = None,
-        max_iters: int | None = None,
-        tol: float | None = None,
-        reg_covar: float | None = None,
-    ) -> EMRun:
+    def em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         """Run up to ``max_iters`` EM iterations with ``kernel`` computing the covariance, stopping once
-        :func:`asp_gmm.reference.converged` holds (at least ``min_iters`` done).
-
-        Call it with keywords: ``em(kernel, min_iters=1, max_iters=10, tol=1e-3, reg_covar=1e-6)``.
-        Positional values are read in the old order ``(max_iters, min_iters, tol, reg_covar)`` for
-        callers not yet converted (the specializer and the CUDA backend, until their split).
-        Backends implement :meth:`_em`.
+        :func:`asp_gmm.reference.converged` holds (at least ``min_iters`` done); keywords only:
+        ``em(kernel, min_iters=1, max_iters=10, tol=1e-3, reg_covar=1e-6)``. Backends implement
+        :meth:`_em`.
         """
-        if legacy:
-            if len(legacy) != 4:
-                raise TypeError("em(kernel, min_iters=..., max_iters=..., tol=..., reg_covar=...): pass keywords")
-            max_iters, min_iters, tol, reg_covar = legacy
-        if None in (min_iters, max_iters, tol, reg_covar):
-            raise TypeError("em() needs min_iters, max_iters, tol and reg_covar (keywords)")
         return self._em(
             kernel, min_iters=int(min_iters), max_iters=int(max_iters), tol=float(tol), reg_covar=float(reg_covar)
         )
