@@ -70,6 +70,13 @@ class Specializer:
         self.policy = policy
         self._candidates: dict = {}
 
+    def _open(self, X, problem: Problem):
+        """``backend.open``; a backend that chooses among E-step variants gets this specializer's
+        policy to choose with."""
+        if getattr(self.backend, "chooses_estep", False):
+            return self.backend.open(X, problem, policy=self.policy)
+        return self.backend.open(X, problem)
+
     @property
     def selector(self) -> selection.Selector:
         return self.policy.selector
@@ -181,7 +188,7 @@ class Specializer:
             fut = backend.kernel_async(plan.primary.variant, plan.primary.params, problem)
             if fut is not None:
                 pending = (plan.primary, fut)
-        session = backend.open(X, problem)
+        session = self._open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
             iters, converged, explored, used = 0, False, [], None
@@ -331,7 +338,7 @@ class Specializer:
         sp = dataclasses.replace(problem, N=int(Xs.shape[0]))
         done, stopped = [], False
         spent, fastest, slowest = budget["spent"], budget["fastest"], budget["slowest"]
-        session = self.backend.open(Xs, sp)
+        session = self._open(Xs, sp)
         try:
             first = [] if plan.primary_sampled else [plan.primary]
             for cfg in first + [c for c in plan.explore if c != plan.primary]:
@@ -402,7 +409,7 @@ class Specializer:
 
     def evaluate(self, X, weights, means, covars, problem: Problem, reg_covar: float, want_resp=True):
         """``(logprob (N,), resp (N, M) or None)`` of X under the given parameters."""
-        session = self.backend.open(X, problem)
+        session = self._open(X, problem)
         try:
             session.set_params(weights, means, covars, reg_covar)
             return session.eval(want_resp)

@@ -239,12 +239,13 @@ class CudaBackend(Backend):
         return super().selection_key(problem)
 
     @_on_binary_problem
-    def estep_variant(self, problem: Problem):
-        """(variant, tunables) of the E-step for ``problem``, as the backend's policy chooses
-        (:meth:`asp_gmm.selection.Policy.choose_estep`; ``$ASP_GMM_CUDA_ESTEP`` pins one). Memoised
-        per policy by shape and N class (half-octaves, as the history groups timings)."""
+    def estep_variant(self, problem: Problem, policy=None):
+        """(variant, tunables) of the E-step for ``problem``, as ``policy`` (the specializer's; by
+        default the backend's) chooses (:meth:`asp_gmm.selection.Policy.choose_estep`;
+        ``$ASP_GMM_CUDA_ESTEP`` pins one). Memoised per policy by shape and N class (half-octaves,
+        as the history groups timings)."""
         pinned = settings().cuda_estep or None
-        policy = self._policy()
+        policy = policy if policy is not None else self._policy()
         key = (
             id(policy),
             pinned,
@@ -274,10 +275,10 @@ class CudaBackend(Backend):
         return hit
 
     @_on_binary_problem
-    def estep(self, problem: Problem, variant=None, tunables=None) -> _Module:
-        """The loaded E-step module for ``problem`` (the preferred one unless ``variant`` is given)."""
+    def estep(self, problem: Problem, variant=None, tunables=None, policy=None) -> _Module:
+        """The loaded E-step module for ``problem`` (``policy``'s choice unless ``variant`` is given)."""
         if variant is None:
-            variant, tunables = self.estep_variant(problem)
+            variant, tunables = self.estep_variant(problem, policy)
         return self._load(variant, tunables, problem, {"*": ESTEP_ARGS})
 
     @_on_binary_problem
@@ -326,10 +327,14 @@ class CudaBackend(Backend):
         return Kernel(variant, tun, handle=mod, binary=mod.path)
 
     # ------------------------------------------------------------------ sessions
-    def open(self, X, problem: Problem) -> CudaSession:
+    #: :meth:`open` takes the specializer's policy (it chooses the E-step, :meth:`estep_variant`)
+    chooses_estep = True
+
+    def open(self, X, problem: Problem, policy=None) -> CudaSession:
         """A session over ``X`` (N, D); small problems run padded (``binary_problem``), the session
-        returns only the caller's ``problem.M`` components."""
-        return CudaSession(self, X, binary_problem(problem), problem.M)
+        returns only the caller's ``problem.M`` components. ``policy``: the specializer's, which
+        chooses the E-step (default: the backend's)."""
+        return CudaSession(self, X, binary_problem(problem), problem.M, policy=policy)
 
     def open_stats(self, problem: Problem, kernel: Kernel | None = None):
         """Streamed EM: blocks of up to ``problem.N`` events through one session, two streams and

@@ -44,16 +44,18 @@ class CudaSession(Session):
         :func:`asp_gmm.backends.cuda.backend.binary_problem`).
     m_live : int
         The caller's M: components ``m_live..M-1`` are padding of weight 0, never returned.
+    policy : asp_gmm.selection.Policy, optional
+        Chooses the E-step (the specializer's; default the backend's).
     """
 
-    def __init__(self, backend, X: np.ndarray, problem: Problem, m_live: int):
+    def __init__(self, backend, X: np.ndarray, problem: Problem, m_live: int, policy=None):
         #: the live components; ``self.problem`` is what the binaries run (M padded when small)
         self.m_live = m_live
         self.problem, self.backend = problem, backend
         self.dev = backend.device
         self.drv = self.dev.drv
         self.core = backend.core(problem)
-        self.estep_mod = backend.estep(problem)
+        self.estep_mod = backend.estep(problem, policy=policy)
         self._fn = {spec.kernel: fn for spec, fn in self.core.funcs}
         resident = backend.memory.resident_xt(X, problem, self._fn["asp_transpose"])
         self.buf = backend.memory.acquire(problem, exact=resident is not None)
