@@ -71,6 +71,13 @@ def fit_large(est, X, sample_weight=None):
             w, mu, cv = (s_w if w is None else w), (s_mu if mu is None else mu), (s_cv if cv is None else cv)
         kw = dict(cvtype=cvtype, dtype=dt, reg_covar=reg, backend=est.backend)
         if sample_weight is not None:  # (asp_gmm.dask takes the weights as an aligned Dask array)
+            import inspect
+
+            if "sample_weight" not in inspect.signature(adask.fit).parameters:
+                raise NotImplementedError(
+                    "sample_weight with a Dask array needs asp_gmm.dask.fit(sample_weight=), which this "
+                    "version lacks; fit a NumPy array, a memmap or a chunk source with sample_weight instead"
+                )
             kw["sample_weight"] = sample_weight
         r1 = adask.fit(
             X, M, weights=w, means=mu, covars=cv, min_iters=1, max_iters=max(est.max_iter - 1, 0), tol=tol, **kw
