@@ -17,6 +17,7 @@ Hierarchy::
     ASPGMMError
     ├── NotPositiveDefiniteError   (numpy.linalg.LinAlgError, ValueError)
     ├── NonFiniteError             (FloatingPointError, ValueError)
+    ├── NonFiniteInputError        (ValueError)
     ├── VariantNotApplicableError  (ValueError)
     ├── ManifestError              (ValueError)
     ├── CompileError
@@ -55,6 +56,53 @@ class NonFiniteError(ASPGMMError, _reference.NonFiniteError):
 
     Also a :class:`FloatingPointError` and a :class:`ValueError`.
     """
+
+
+class NonFiniteInputError(ASPGMMError, ValueError):
+    """The data holds NaN or infinity, found where it was uploaded (on the GPU, during the transpose).
+
+    Attributes
+    ----------
+    row, column : int
+        The first such event (the lowest row; the first bad column of that row, or -1 when the
+        host copy of that row is finite: the value overflowed the working precision on the way).
+    call : str
+        The public call that got the data (``"train"``, ``"score"``...), or "" when not known.
+    """
+
+    def __init__(self, row: int, column: int, call: str = "", beyond: str = ""):
+        self.row, self.column, self.call, self.beyond = int(row), int(column), call, beyond
+        before = ("training" if call == "train" else f"{call}()") if call else "the call"
+        if beyond:
+            msg = (
+                f"X has values beyond the {beyond} range (first at row {row}, column {column}); scale the data "
+                "or use dtype=np.float64"
+            )
+        else:
+            msg = (
+                f"X contains NaN or infinity (first at row {row}, column {column}); remove or impute those "
+                f"events before {before}"
+            )
+        super().__init__(msg)
+
+    @classmethod
+    def at(cls, X, row: int, dtype=None) -> "NonFiniteInputError":
+        """The error for X's first bad row ``row`` (its column looked up in that row alone)."""
+        import numpy as np
+
+        line = np.asarray(X[row])
+        bad = np.flatnonzero(~np.isfinite(line))
+        if bad.size:
+            return cls(row, int(bad[0]), "")
+        # finite on the host: a value beyond the working precision (float64 data as float32)
+        with np.errstate(over="ignore"):
+            conv = line.astype(dtype or np.float32)
+        over = np.flatnonzero(~np.isfinite(conv))
+        return cls(row, int(over[0]) if over.size else -1, "", np.dtype(dtype or np.float32).name)
+
+    def for_call(self, call: str) -> "NonFiniteInputError":
+        """The same error, its message naming the public call."""
+        return NonFiniteInputError(self.row, self.column, call, self.beyond)
 
 
 class CompileError(ASPGMMError):

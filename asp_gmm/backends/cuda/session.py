@@ -25,7 +25,7 @@ from ...reference import converged as converged_rule
 from ...problem import Problem
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
-from .memory import _transpose_on_device, _upload_transposed
+from .memory import _transpose_on_device
 from ...config import settings
 
 _INT_MAX = 2**31 - 1
@@ -55,7 +55,7 @@ class CudaSession(Session):
         self.core = backend.core(problem)
         self.estep_mod = backend.estep(problem)
         self._fn = {spec.kernel: fn for spec, fn in self.core.funcs}
-        resident = backend.memory.resident_xt(X, problem, self._fn["asp_transpose"])
+        resident = backend.memory.resident_xt(X, problem, self._fn["asp_upload_chunk"])
         self.buf = backend.memory.acquire(problem, exact=resident is not None)
         self._closed = False
         self._stale = True
@@ -87,15 +87,9 @@ class CudaSession(Session):
                         b.ldn,
                         self._fn["asp_transpose"],
                     )
-                else:
-                    _upload_transposed(
-                        self.dev,
-                        np.ascontiguousarray(X, dtype=problem.np_dtype),
-                        self.xt,
-                        problem.N,
-                        problem.D,
-                        b.ldn,
-                        self._fn["asp_transpose"],
+                else:  # pinned, chunked, checked for NaN/inf on the device (staging.py)
+                    backend.memory.upload(
+                        np.asarray(X), self.xt, problem, b.ldn, self._fn["asp_upload_chunk"], b.stream
                     )
         except BaseException:
             self.close()
