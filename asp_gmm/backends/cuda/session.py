@@ -200,7 +200,17 @@ class CudaSession(Session):
         manifests' expressions are long and the host must keep ahead of the GPU at small sizes."""
         plan = self._plans.get((mod, phase))
         if plan is None:
-            plan = self._plans[(mod, phase)] = plan_launches(mod, self._env, default_args, scratch_bytes, phase)
+            # shared by the backend's sessions of the same problem and leading dimension: a call on
+            # data of a size seen before evaluates no expression (the session's own dict is the
+            # fast path within a call; the streaming runner clears it when N changes)
+            key = (mod, phase, default_args, scratch_bytes, self.problem, self.buf.ldn)
+            shared = self.backend.__dict__.setdefault("_plan_cache", {})
+            plan = shared.get(key)
+            if plan is None:
+                if len(shared) > 4096:
+                    shared.clear()
+                plan = shared[key] = plan_launches(mod, self._env, default_args, scratch_bytes, phase)
+            self._plans[(mod, phase)] = plan
         return plan
 
     def _run_plan(self, confs, scratch=None):
