@@ -75,6 +75,8 @@ class CudaSession(Session):
             b.last_n = problem.N
             if resident is not None and resident[1] == b.ldn:
                 self.xt = resident[0]
+            elif X is None:  # the caller fills xt itself (the streaming runner, block by block)
+                self.xt = b.own_xt()
             else:
                 self.xt = b.own_xt()
                 if cuda_arrays.is_cuda_array(X):  # a PyTorch/CuPy array: transposed where it lies
