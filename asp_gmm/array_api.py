@@ -7,7 +7,8 @@ same through :func:`follows_input_namespace`, which wraps its public methods:
 
 * on entry, X (and the fitted attributes and ``*_init`` parameters, when they are arrays of another
   library) are moved to NumPy on the host (zero-copy through DLPack where the producer allows); the
-  method then runs as it does for NumPy input, the compiled EM included;
+  method then runs exactly as it does for NumPy input (dispatch is off inside it), the compiled EM
+  included;
 * on exit, the method's arrays (posteriors, labels, per-event scores, samples) and, after a fit, the
   fitted attributes (``weights_``, ``means_``, ``covariances_``, ``precisions_``,
   ``precisions_cholesky_``) are moved to X's namespace and device; scalars (``score``, ``bic``,
@@ -134,7 +135,13 @@ def follows_input_namespace(fits: bool = False, of_fitted: bool = False):
                 state[k] = to_numpy(v)
             _depth.on = True
             try:
-                out = method(self, *args, **kwargs)
+                if target is not None:  # the NumPy path exactly (scikit-learn's helpers too)
+                    from sklearn import config_context
+
+                    with config_context(array_api_dispatch=False):
+                        out = method(self, *args, **kwargs)
+                else:
+                    out = method(self, *args, **kwargs)
             except BaseException:
                 state.update(attrs)  # the model as it was
                 raise
