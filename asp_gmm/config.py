@@ -166,8 +166,7 @@ def _environ_key():
     keys = _KEYS.get(id(enc))
     if keys is None:
         keys = _KEYS[id(enc)] = tuple(enc(n) for n in _NAMES)
-    get = data.get
-    return tuple(get(k) for k in keys)
+    return tuple(map(data.get, keys))
 
 
 _KEYS: dict = {}
