@@ -149,6 +149,7 @@ class Staging:
             chunks = [(r, min(rows_per, N - r)) for r in range(0, N, rows_per)]
             self.last_chunks = chunks
             try:
+                self._copy_stream.synchronize()  # (an upload interrupted mid-way left copies behind)
                 drv.memset_d32_async(self._flag, _INT_MAX, 1, stream)
                 for k, (row0, rows) in enumerate(chunks):
                     s = k % 2
