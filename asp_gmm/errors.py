@@ -86,11 +86,12 @@ class NonFiniteInputError(ASPGMMError, ValueError):
         super().__init__(msg)
 
     @classmethod
-    def at(cls, X, row: int, dtype=None) -> "NonFiniteInputError":
-        """The error for X's first bad row ``row`` (its column looked up in that row alone)."""
+    def at(cls, X, row: int, dtype=None, line=None) -> "NonFiniteInputError":
+        """The error for X's first bad row ``row`` (its column looked up in that row alone, or in
+        ``line``, that row on the host, when X is not a host array)."""
         import numpy as np
 
-        line = np.asarray(X[row])
+        line = np.asarray(X[row] if line is None else line)
         bad = np.flatnonzero(~np.isfinite(line))
         if bad.size:
             return cls(row, int(bad[0]), "")

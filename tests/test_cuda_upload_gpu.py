@@ -86,3 +86,15 @@ def test_a_streamed_fit_names_a_nan_by_its_row_in_the_pass(rng, monkeypatch):
     X[23456, 1] = np.nan
     with pytest.raises((StreamError, ValueError), match=r"NaN or infinity.*row 23456.*column 1"):
         g.train(X, max_em_iters=1)
+
+
+def test_a_device_array_with_nan_is_named_on_warm_calls(rng):
+    torch = pytest.importorskip("torch")
+    X = rng.standard_normal((5000, 3)).astype(np.float32)
+    g = GMM(2, 3, backend="cuda", seed=0)
+    Xt = torch.from_numpy(X).cuda()
+    g.train(Xt, max_em_iters=2)
+    np.testing.assert_allclose(g.score(Xt), g.score(X), rtol=1e-5, atol=1e-5)
+    Xt[4321, 1] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN or infinity \(first at row 4321, column 1\).*before score\(\)"):
+        g.score(Xt)

@@ -150,3 +150,28 @@ def test_writeable_arrays_are_uploaded_again_on_every_call(backend):
         with _open(be, Xf):
             pass
     assert sum(len(c) for c in drv.copies) == 200  # uploaded once, then resident
+
+
+def test_a_device_array_is_transposed_and_checked_in_one_pass_where_it_lies(backend, monkeypatch):
+    """A CUDA array (here: the interface over host memory) goes through asp_upload_chunk from its
+    own pointer, no host copy; the flag names a bad row, whose column is read from that row alone."""
+    from test_cuda_arrays import FakeCudaArray
+
+    be, log = backend
+    drv = be.device.drv
+    X = np.random.default_rng(3).standard_normal((700, 4)).astype(np.float32)
+    with _open(be, FakeCudaArray(X)) as s:
+        ldn = s.buf.ldn
+    assert drv.copies == [] and drv.chunks == [(0, 700, ldn)] and log.count("read_flag") == 1
+    X[612, 2] = np.nan
+    real = drv.memcpy_dtoh_async
+
+    def flag(dst, src, stream):  # what the kernel would have found
+        if dst.dtype == np.int32:
+            dst[0] = 612
+        else:
+            real(dst, src, stream)
+
+    monkeypatch.setattr(drv, "memcpy_dtoh_async", flag)
+    with pytest.raises(NonFiniteInputError, match=r"first at row 612, column 2"):
+        _open(be, FakeCudaArray(X))

@@ -95,6 +95,19 @@ class DeviceMemory:
             stream = self._stream
         self.staging().upload(X, dst, problem.N, problem.D, ldn, problem.np_dtype, upload_fn, stream)
 
+    def transpose_device(self, X, dst, problem: Problem, ldn: int, upload_fn, stream) -> None:
+        """Transpose the C-contiguous CUDA array X (PyTorch, CuPy: ``__cuda_array_interface__``)
+        of shape (problem.N, problem.D) into ``dst`` [D][ldn] on the device, with no copy through
+        the host, checked for NaN/inf in the same pass (see :mod:`.staging`)."""
+        info = cuda_arrays.describe(X)
+        N, D = problem.N, problem.D
+        if info["shape"] != (N, D) or not info["contiguous"]:
+            raise KernelError(
+                f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
+                f"C-contiguous ({N}, {D})"
+            )
+        self.staging().transpose_device(X, info["ptr"], dst, N, D, ldn, problem.np_dtype, upload_fn, stream)
+
     def _hook(self):
         if not self._hooked:
             self._hooked = True
@@ -264,27 +277,3 @@ class _Buffers:
                 if a is not None:
                     a.free()
                     setattr(self, name, None)
-
-
-def _transpose_on_device(dev, X, dst, N: int, D: int, ldn: int, transpose_fn):
-    """Transpose the C-contiguous CUDA array X (N, D) (PyTorch, CuPy: ``__cuda_array_interface__``)
-    into dst [D][ldn] on the device, with no copy through the host."""
-    info = cuda_arrays.describe(X)
-    if info["shape"] != (N, D) or not info["contiguous"]:
-        raise KernelError(
-            f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
-            f"C-contiguous ({N}, {D})"
-        )
-    drv = dev.drv
-    with dev.active():
-        total = D * ldn
-        try:
-            drv.Context.synchronize()  # the producer's pending writes to X
-            transpose_fn.prepared_call(
-                (-(-total // 256), 1), (256, 1, 1), info["ptr"], int(dst), np.int32(N), np.int32(ldn)
-            )
-            drv.Context.synchronize()
-        except drv.Error as exc:
-            raise KernelError(
-                f"CUDA kernel asp_transpose on a device array (grid=({-(-total // 256)}, 1), block=256) failed: {exc}"
-            ) from None

@@ -25,7 +25,6 @@ from ...reference import converged as converged_rule
 from ...problem import Problem
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
-from .memory import _transpose_on_device
 from ...config import settings
 
 _INT_MAX = 2**31 - 1
@@ -79,15 +78,14 @@ class CudaSession(Session):
                 self.xt = b.own_xt()
             else:
                 self.xt = b.own_xt()
-                if cuda_arrays.is_cuda_array(X):  # a PyTorch/CuPy array: transposed where it lies
-                    _transpose_on_device(
-                        self.dev,
+                if cuda_arrays.is_cuda_array(X):  # a PyTorch/CuPy array: transposed (and checked) where it lies
+                    backend.memory.transpose_device(
                         cuda_arrays.in_dtype(X, problem.np_dtype),
                         self.xt,
-                        problem.N,
-                        problem.D,
+                        problem,
                         b.ldn,
-                        self._fn["asp_transpose"],
+                        self._fn["asp_upload_chunk"],
+                        b.stream,
                     )
                 else:  # pinned, chunked, checked for NaN/inf on the device (staging.py)
                     backend.memory.upload(

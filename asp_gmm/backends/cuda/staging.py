@@ -186,3 +186,45 @@ class Staging:
             bad = int(self._flag_host[0])
         if bad != _INT_MAX:
             raise NonFiniteInputError.at(X, bad, dtype)
+
+    def transpose_device(self, X, ptr: int, dst, N: int, D: int, ldn: int, dtype, upload_fn, stream) -> None:
+        """Transpose the C-contiguous CUDA array X (N, D) of ``dtype`` at device pointer ``ptr`` into
+        ``dst`` [D][ldn] where it lies (no copy through the host), checked as :meth:`upload` checks:
+        one pass over X, one word read back.
+
+        Raises
+        ------
+        NonFiniteInputError
+            X holds NaN or infinity (that row alone is copied to the host to name its column).
+        """
+        drv = self._dev.drv
+        total = D * ldn
+        with self._lock, self._dev.active():
+            self._ensure(0)
+            try:
+                drv.Context.synchronize()  # the producer's pending writes to X (its own streams)
+                drv.memset_d32_async(self._flag, _INT_MAX, 1, stream)
+                upload_fn.prepared_async_call(
+                    (-(-total // 256), 1),
+                    (256, 1, 1),
+                    stream,
+                    int(ptr),
+                    int(dst),
+                    np.int32(0),
+                    np.int32(N),
+                    np.int32(ldn),
+                    np.int32(ldn),
+                    int(self._flag),
+                )
+                drv.memcpy_dtoh_async(self._flag_host, self._flag, stream)
+                stream.synchronize()
+            except drv.Error as exc:
+                raise KernelError(
+                    f"CUDA kernel asp_upload_chunk on a device array (grid=({-(-total // 256)}, 1), block=256) "
+                    f"failed: {exc}"
+                ) from None
+            bad = int(self._flag_host[0])
+        if bad != _INT_MAX:
+            from ... import cuda_arrays
+
+            raise NonFiniteInputError.at(X, bad, dtype, line=cuda_arrays.rows(X, np.array([bad]))[0])
