@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import time
@@ -179,10 +180,9 @@ def iteration_seconds(Xf, params, cvtype, k1=2, k2=8, reps=3):
     return max(t2 - t1, 1e-9) / (k2 - k1)
 
 
-def whole_call_rows(args, bw):
+def whole_call_rows(args, bw, rows):
     from asp_gmm import freeze
 
-    rows = []
     for N, D, M, cv in parse(args.shapes):
         say(f"whole calls at ({N}, {D}, {M}) {cv}")
         X, params = data(N, D, M, cv)
@@ -241,10 +241,9 @@ class Tiled:
         return np.concatenate([self.base[a % B :], self.base[: (b - a) - (B - a % B)]])
 
 
-def streamed_rows(args, bw):
+def streamed_rows(args, bw, rows):
     from asp_gmm import GMM, freeze, streaming
 
-    rows = []
     inmem = {}
     chunk_rows = None
     for N, D, M, cv in parse(args.stream):
@@ -325,16 +324,27 @@ def main(argv=None):
     ap.add_argument("--cpu-iters", type=int, default=5)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    out = {}
-    if args.cpu:
-        out["cpu"] = cpu_rows(args)
-    else:
-        bw = pinned_bandwidth()
-        say(f"pinned host-to-device bandwidth: {bw / 1e9:.1f} GB/s")
-        out["pinned_GBps"] = bw / 1e9
-        out["whole"] = whole_call_rows(args, bw) if args.shapes else []
-        out["fixed"] = fixed_cost(args) if args.fixed else None
-        out["stream"] = streamed_rows(args, bw) if args.stream else []
+    out = {"whole": [], "fixed": None, "stream": []}
+
+    def stop(signum, frame):  # a `timeout` ends the run: print what was measured
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        if args.cpu:
+            out["cpu"] = cpu_rows(args)
+        else:
+            bw = pinned_bandwidth()
+            say(f"pinned host-to-device bandwidth: {bw / 1e9:.1f} GB/s")
+            out["pinned_GBps"] = bw / 1e9
+            if args.shapes:
+                whole_call_rows(args, bw, out["whole"])
+            if args.fixed:
+                out["fixed"] = fixed_cost(args)
+            if args.stream:
+                streamed_rows(args, bw, out["stream"])
+    except KeyboardInterrupt:
+        say("stopped: the tables hold what was measured")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
@@ -352,6 +362,8 @@ def print_tables(out):
             print(
                 f"| {r['shape']} | {r['iters']} | {f(r['numpy_s'], 3)} | {f(r['array_api_s'], 3)} | {f(r['ratio'], 3)} |"
             )
+        return
+    if "pinned_GBps" not in out:
         return
     print(f"\npinned host-to-device bandwidth: {out['pinned_GBps']:.1f} GB/s")
     if out["whole"]:
