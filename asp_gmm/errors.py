@@ -101,9 +101,25 @@ class NonFiniteInputError(ASPGMMError, ValueError):
         over = np.flatnonzero(~np.isfinite(conv))
         return cls(row, int(over[0]) if over.size else -1, "", np.dtype(dtype or np.float32).name)
 
-    def for_call(self, call: str) -> "NonFiniteInputError":
-        """The same error, its message naming the public call."""
-        return NonFiniteInputError(self.row, self.column, call, self.beyond)
+    def for_call(self, call: str, within=None) -> "NonFiniteInputError":
+        """The same error, its message naming the public call; with ``within`` (the array the
+        caller passed), the row counted in that array when the data checked was a strided view of it
+        (a sample of every k-th event, as the specializer explores on)."""
+        return NonFiniteInputError(self._row_in(within), self.column, call, self.beyond)
+
+    def _row_in(self, base) -> int:
+        import numpy as np
+
+        src = getattr(self, "source", None)
+        if base is None or src is None or src is base:
+            return self.row
+        if not (isinstance(src, np.ndarray) and isinstance(base, np.ndarray)) or src.ndim != 2 or base.ndim != 2:
+            return self.row
+        step = base.strides[0]
+        start = src.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        if not np.may_share_memory(src, base) or step <= 0 or start % step or src.strides[0] % step:
+            return self.row
+        return start // step + self.row * (src.strides[0] // step)
 
 
 class CompileError(ASPGMMError):

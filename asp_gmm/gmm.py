@@ -90,12 +90,13 @@ def check_data(
 
 
 @contextlib.contextmanager
-def _naming_call(method: str):
-    """A NaN/inf the backend found in X while uploading it is reported naming the public call."""
+def _naming_call(method: str, X=None):
+    """A NaN/inf the backend found in X while uploading it is reported naming the public call (and
+    the row in X, also when the backend was checking a sample of X's rows)."""
     try:
         yield
     except NonFiniteInputError as exc:
-        raise exc.for_call(method) from None
+        raise exc.for_call(method, X if isinstance(X, np.ndarray) else None) from None
 
 
 _FINITE = frozen.Memo()
@@ -407,7 +408,7 @@ class GMM:
             X = check_data(X, self.D, self.dtype, self.M, device_checks=self._device_checks(seeding=True))
             self._seed(X)
             N = X.shape[0]
-        with _naming_call("train"):
+        with _naming_call("train", X):
             res = self._train_specialized(X, N, min_em_iters, max_em_iters, tol, progress)
         N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)
@@ -474,7 +475,7 @@ class GMM:
                 device_checks=self._device_checks(),
             )
             N = X.shape[0]
-        with _naming_call(method):
+        with _naming_call(method, X):
             return self._specializer.evaluate(X, *self._params64(method), self._problem(N), self.reg_covar, want_resp)
 
     def __repr__(self):

@@ -175,3 +175,17 @@ def test_a_device_array_is_transposed_and_checked_in_one_pass_where_it_lies(back
     monkeypatch.setattr(drv, "memcpy_dtoh_async", flag)
     with pytest.raises(NonFiniteInputError, match=r"first at row 612, column 2"):
         _open(be, FakeCudaArray(X))
+
+
+def test_a_row_found_in_a_sample_of_x_is_counted_in_x():
+    """The specializer explores on every k-th event (X[::k][:n]); a NaN found there is named by its
+    row in the array the user passed."""
+    X = np.ones((100, 3), np.float32)
+    Xs = X[::4][:20]
+    exc = NonFiniteInputError(5, 1)
+    exc.source = Xs
+    assert exc.for_call("score", within=X).row == 20
+    assert "first at row 20, column 1" in str(exc.for_call("score", within=X))
+    exc.source = X[10:]
+    assert exc.for_call("train", within=X).row == 15
+    assert exc.for_call("train", within=np.ones((5, 3))).row == 5  # another array: as found

@@ -185,7 +185,9 @@ class Staging:
                 ) from None
             bad = int(self._flag_host[0])
         if bad != _INT_MAX:
-            raise NonFiniteInputError.at(X, bad, dtype)
+            exc = NonFiniteInputError.at(X, bad, dtype)
+            exc.source = X  # (the Face counts the row in the array it was given)
+            raise exc
 
     def transpose_device(self, X, ptr: int, dst, N: int, D: int, ldn: int, dtype, upload_fn, stream) -> None:
         """Transpose the C-contiguous CUDA array X (N, D) of ``dtype`` at device pointer ``ptr`` into
