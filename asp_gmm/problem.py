@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CVTYPES = ("full", "diag")
+CVTYPES = ("full", "diag", "tied", "spherical")
+#: The covariance type whose kernels compute a type's sums: "tied" runs the full kernels with one
+#: shared precision factor, "spherical" the diagonal ones with one variance per component.
+KERNEL_CVTYPE = {"full": "full", "tied": "full", "diag": "diag", "spherical": "diag"}
 DTYPES = ("float32", "float64")
 
 
@@ -22,7 +25,7 @@ class Problem:
         Dimensions (features).
     M : int
         Mixture components.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
     dtype : {"float32", "float64"}
     """
 
@@ -40,8 +43,20 @@ class Problem:
 
     @property
     def cells(self) -> int:
-        """Covariance cells computed per component (lower triangle for full, D for diag)."""
-        return self.D * (self.D + 1) // 2 if self.cvtype == "full" else self.D
+        """Covariance cells computed per component (lower triangle for full and tied, D for diag and
+        spherical): the sums of the kernels that run the type."""
+        return self.D * (self.D + 1) // 2 if self.kernel_cvtype == "full" else self.D
+
+    @property
+    def kernel_cvtype(self) -> str:
+        """"full" for "full" and "tied", "diag" for "diag" and "spherical" (:data:`KERNEL_CVTYPE`)."""
+        return KERNEL_CVTYPE[self.cvtype]
+
+    def covars_shape(self) -> tuple:
+        """Shape of the covariances: (M, D, D) full, (D, D) tied, (M, D) diag, (M,) spherical."""
+        return {"full": (self.M, self.D, self.D), "tied": (self.D, self.D), "diag": (self.M, self.D)}.get(
+            self.cvtype, (self.M,)
+        )
 
     @property
     def work(self) -> float:
