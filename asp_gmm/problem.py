@@ -49,7 +49,7 @@ class Problem:
 
     @property
     def kernel_cvtype(self) -> str:
-        """"full" for "full" and "tied", "diag" for "diag" and "spherical" (:data:`KERNEL_CVTYPE`)."""
+        """ "full" for "full" and "tied", "diag" for "diag" and "spherical" (:data:`KERNEL_CVTYPE`)."""
         return KERNEL_CVTYPE[self.cvtype]
 
     def covars_shape(self) -> tuple:

@@ -155,7 +155,9 @@ def test_init_params_as_sklearn(cvtype, init_params, rng):
 
 
 @pytest.mark.parametrize("cvtype", CVTYPES)
-def test_fit_predict_equals_fit_then_predict(cvtype, rng):
+def test_fit_predict_equals_fit_then_predict(cvtype, rng, monkeypatch):
+    # no exploration: two fits on two variants may keep two equal optima in another component order
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
     X = make_blobs(rng, 800, 3, 4)
     kw = dict(covariance_type=cvtype, random_state=3, n_init=2, max_iter=5)
     with warnings.catch_warnings():

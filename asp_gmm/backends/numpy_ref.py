@@ -44,7 +44,9 @@ class NumpySession(Session):
 
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         try:
-            ref.precision_cholesky(covars, self.problem.cvtype, reg_covar, n_features=self.problem.D)  # raises if not PD
+            ref.precision_cholesky(
+                covars, self.problem.cvtype, reg_covar, n_features=self.problem.D
+            )  # raises if not PD
         except ref.NotPositiveDefiniteError as exc:
             raise from_reference(exc) from None
         self.weights = np.array(weights, np.float64)
