@@ -69,4 +69,10 @@ class Problem:
         return np.dtype(self.dtype)
 
     def as_dict(self) -> dict:
-        return dict(N=self.N, D=self.D, M=self.M, cvtype=self.cvtype, dtype=self.dtype, cells=self.cells)
+        """The names the manifests' limits and the templates see: ``cvtype`` is the family of kernels
+        that run the problem ("full" for full and tied, "diag" for diag and spherical), so that a
+        variant's geometry is the same for both members; ``cov_kind`` is the exact type (what the EM
+        cores read to pool a tied covariance or average a spherical one)."""
+        return dict(
+            N=self.N, D=self.D, M=self.M, cvtype=self.kernel_cvtype, cov_kind=self.cvtype, dtype=self.dtype, cells=self.cells
+        )

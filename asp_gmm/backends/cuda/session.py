@@ -31,6 +31,16 @@ from ...config import settings
 _INT_MAX = 2**31 - 1
 
 
+def _per_component(covars, cvtype: str, M: int, D: int) -> np.ndarray:
+    """Covariances as the kernels hold them: "tied" (D, D) -> (M, D, D), "spherical" (M,) -> (M, D)."""
+    covars = np.asarray(covars, np.float64)
+    if cvtype == "tied":
+        return np.repeat(covars.reshape(1, D, D), M, axis=0)
+    if cvtype == "spherical":
+        return np.repeat(covars.reshape(M, 1), D, axis=1)
+    return covars
+
+
 class CudaSession(Session):
     """One data set on the GPU; the EM loop issued from here, kernels on one stream.
 
@@ -294,6 +304,9 @@ class CudaSession(Session):
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         b, p = self.buf, self.problem
         rt = p.np_dtype
+        # tied and spherical run on the full and diag kernels: every component holds its copy of the one
+        # matrix, every dimension its copy of the component's variance (the core keeps them equal)
+        covars = _per_component(covars, p.cvtype, self.m_live, p.D)
         pad = p.M - self.m_live
         if pad:
             # padding components: copies of component 0 (finite, positive definite) of weight 0
@@ -331,9 +344,14 @@ class CudaSession(Session):
             return host[b.off[name] : b.off[name] + 8 * n].view(np.float64).reshape(shape).copy()
 
         D, M = p.D, p.M
-        cshape = (M, D, D) if p.cvtype == "full" else (M, D)
+        cshape = (M, D, D) if p.kernel_cvtype == "full" else (M, D)
         m = self.m_live
-        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], get("cov64", cshape)[:m]
+        cov = get("cov64", cshape)[:m]
+        if p.cvtype == "tied":
+            cov = cov[0].copy()
+        elif p.cvtype == "spherical":
+            cov = cov[:, 0].copy()
+        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], cov
 
     def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         mod = kernel.handle
