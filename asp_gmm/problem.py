@@ -74,5 +74,11 @@ class Problem:
         variant's geometry is the same for both members; ``cov_kind`` is the exact type (what the EM
         cores read to pool a tied covariance or average a spherical one)."""
         return dict(
-            N=self.N, D=self.D, M=self.M, cvtype=self.kernel_cvtype, cov_kind=self.cvtype, dtype=self.dtype, cells=self.cells
+            N=self.N,
+            D=self.D,
+            M=self.M,
+            cvtype=self.kernel_cvtype,
+            cov_kind=self.cvtype,
+            dtype=self.dtype,
+            cells=self.cells,
         )
