@@ -443,8 +443,8 @@ def test_one_specializer_per_backend_kept_out_of_params_and_pickles(monkeypatch,
 @pytest.mark.parametrize("cvtype", ["tied", "spherical"])
 @pytest.mark.parametrize("data", ["iris", "wine", "random"])
 def test_numpy_types_equal_sklearn_in_float64(data, cvtype, rng):
-    """ "tied" and "spherical" run scikit-learn's loop on the float64 reference: from the same initial
-    parameters they give scikit-learn's fit up to rounding."""
+    """ "tied" and "spherical" run scikit-learn's loop on the compiled core (float64 here): from the same
+    initial parameters they give scikit-learn's fit up to rounding."""
     X, M = _data(data, rng)
     init = _sk_init(X, M, cvtype)
     ref = SkGM(M, covariance_type=cvtype, max_iter=200, **init).fit(X)
