@@ -209,6 +209,22 @@ def gpu(args):
     return rows
 
 
+def prepare_gpu():
+    """Compile (in parallel, into the cache) what tests/test_covtypes.py and the GPU part run, so that
+    neither waits on serial compiles."""
+    from asp_gmm.problem import Problem
+    from asp_gmm.specializer import Specializer
+
+    probs = [
+        Problem(n, d, m, cv, "float32") for n, d, m in ((1003, 7, 3), (3001, 5, 11), (20_011, 36, 128)) for cv in TYPES
+    ]
+    probs += [Problem(3001, 9, 4, cv, dt) for cv in ("tied", "spherical") for dt in ("float32", "float64")]
+    probs += [Problem(500_000, 36, 128, cv, "float32") for cv in TYPES]
+    t0 = time.perf_counter()
+    n = Specializer("cuda").prepare_many(probs)
+    print(f"prepared {n} configurations in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true")
@@ -221,10 +237,13 @@ def main(argv=None):
     ap.add_argument("--sk-blas-threads", type=int, help="CPU: limit scikit-learn's BLAS threads (threadpoolctl)")
     ap.add_argument("--gpu-shape", type=lambda s: tuple(int(v) for v in s.split("x")), default=(500_000, 36, 128))
     ap.add_argument("--explore", type=int, default=4, help="GPU: warm-up calls per type (compiles, exploration)")
+    ap.add_argument("--prepare", action="store_true", help="GPU: compile the tests' and the benchmark's modules first")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     out = {}
-    if args.cpu or not args.gpu:
+    if args.prepare:
+        prepare_gpu()
+    if args.cpu or not (args.gpu or args.prepare):
         out["cpu"] = cpu(args)
     if args.gpu:
         out["gpu"] = gpu(args)
