@@ -82,3 +82,24 @@ class Problem:
             dtype=self.dtype,
             cells=self.cells,
         )
+
+
+def per_component(covars, cvtype: str, M: int, D: int) -> np.ndarray:
+    """Covariances of ``cvtype`` as the per-component ones of its kernel type (float64): "tied" (D, D)
+    repeated to (M, D, D), "spherical" (M,) to (M, D); "full" and "diag" unchanged."""
+    covars = np.asarray(covars, np.float64)
+    if cvtype == "tied":
+        return np.repeat(covars.reshape(1, D, D), M, axis=0)
+    if cvtype == "spherical":
+        return np.repeat(covars.reshape(M, 1), D, axis=1)
+    return covars
+
+
+def as_cvtype(covars, cvtype: str) -> np.ndarray:
+    """The inverse of :func:`per_component` on covariances it produced."""
+    covars = np.asarray(covars, np.float64)
+    if cvtype == "tied":
+        return covars[0].copy()
+    if cvtype == "spherical":
+        return covars[:, 0].copy()
+    return covars

@@ -49,7 +49,7 @@ import numpy as np
 from . import config, cuda_arrays
 from . import reference as ref
 from .errors import NonFiniteError, SettingError, StreamError
-from .problem import Problem
+from .problem import Problem, as_cvtype, per_component  # noqa: F401 (re-exported for the Face)
 
 log = logging.getLogger("asp_gmm")
 
@@ -457,17 +457,6 @@ class SuffStats:
         return weights, means, cov
 
 
-def per_component(covars, cvtype: str, M: int, D: int) -> np.ndarray:
-    """Covariances of ``cvtype`` as the per-component ones of its kernel type (float64): "tied" (D, D)
-    repeated to (M, D, D), "spherical" (M,) to (M, D); "full" and "diag" unchanged."""
-    covars = np.asarray(covars, np.float64)
-    if cvtype == "tied":
-        return np.repeat(covars.reshape(1, D, D), M, axis=0)
-    if cvtype == "spherical":
-        return np.repeat(covars.reshape(M, 1), D, axis=1)
-    return covars
-
-
 def seeded_as(covars, cvtype: str) -> np.ndarray:
     """Seeded covariances (every component the data's, (M, D, D) or (M, D)) in the shape of
     ``cvtype``: "tied" the one matrix, "spherical" the mean of each diagonal."""
@@ -476,16 +465,6 @@ def seeded_as(covars, cvtype: str) -> np.ndarray:
         return covars[0].copy()
     if cvtype == "spherical":
         return covars.mean(axis=1)
-    return covars
-
-
-def as_cvtype(covars, cvtype: str) -> np.ndarray:
-    """The inverse of :func:`per_component` on covariances it produced."""
-    covars = np.asarray(covars, np.float64)
-    if cvtype == "tied":
-        return covars[0].copy()
-    if cvtype == "spherical":
-        return covars[:, 0].copy()
     return covars
 
 

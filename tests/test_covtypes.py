@@ -52,6 +52,18 @@ def test_problem_shapes_and_kernel_family():
     assert Problem(10, 3, 4, "tied").cells == 6 and Problem(10, 3, 4, "spherical").cells == 3
 
 
+def test_per_component_round_trip(rng):
+    """How the kernels hold the two types (every component a copy of the tied matrix, every dimension
+    a copy of the spherical variance: the CUDA session and the streamed statistics) and back."""
+    from asp_gmm.problem import as_cvtype, per_component
+
+    tied, sph = rng.standard_normal((3, 3)), rng.uniform(1, 2, 4)
+    assert per_component(tied, "tied", 4, 3).shape == (4, 3, 3)
+    assert per_component(sph, "spherical", 4, 3).shape == (4, 3)
+    np.testing.assert_array_equal(as_cvtype(per_component(tied, "tied", 4, 3), "tied"), tied)
+    np.testing.assert_array_equal(as_cvtype(per_component(sph, "spherical", 4, 3), "spherical"), sph)
+
+
 def test_every_type_has_a_c_variant():
     for cvtype in TYPES:
         assert any(cvtype in v.cvtypes for v in registry.variants("c", "covariance")), cvtype

@@ -22,23 +22,13 @@ from ... import cuda_arrays
 from ...errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ...reference import change_per_event
 from ...reference import converged as converged_rule
-from ...problem import Problem
+from ...problem import Problem, as_cvtype, per_component
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
 from .memory import _transpose_on_device, _upload_transposed
 from ...config import settings
 
 _INT_MAX = 2**31 - 1
-
-
-def _per_component(covars, cvtype: str, M: int, D: int) -> np.ndarray:
-    """Covariances as the kernels hold them: "tied" (D, D) -> (M, D, D), "spherical" (M,) -> (M, D)."""
-    covars = np.asarray(covars, np.float64)
-    if cvtype == "tied":
-        return np.repeat(covars.reshape(1, D, D), M, axis=0)
-    if cvtype == "spherical":
-        return np.repeat(covars.reshape(M, 1), D, axis=1)
-    return covars
 
 
 class CudaSession(Session):
@@ -306,7 +296,7 @@ class CudaSession(Session):
         rt = p.np_dtype
         # tied and spherical run on the full and diag kernels: every component holds its copy of the one
         # matrix, every dimension its copy of the component's variance (the core keeps them equal)
-        covars = _per_component(covars, p.cvtype, self.m_live, p.D)
+        covars = per_component(covars, p.cvtype, self.m_live, p.D)
         pad = p.M - self.m_live
         if pad:
             # padding components: copies of component 0 (finite, positive definite) of weight 0
@@ -346,12 +336,7 @@ class CudaSession(Session):
         D, M = p.D, p.M
         cshape = (M, D, D) if p.kernel_cvtype == "full" else (M, D)
         m = self.m_live
-        cov = get("cov64", cshape)[:m]
-        if p.cvtype == "tied":
-            cov = cov[0].copy()
-        elif p.cvtype == "spherical":
-            cov = cov[:, 0].copy()
-        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], cov
+        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], as_cvtype(get("cov64", cshape)[:m], p.cvtype)
 
     def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         mod = kernel.handle
