@@ -77,18 +77,22 @@ class ClusterParams:
     dtype: type = np.float32
     merge_rule: str = "relative"  # "relative" (module docstring), "bic": while the score > 0
     # (the seed), "per-frame": while score / frames > merge_threshold
-    relative_threshold: float = 0.49
+    relative_threshold: float = 0.6
     scale_pct: float = 90.0  # the scale's percentiles: this one and 100 - this one
     merge_threshold: float = -0.15  # for "per-frame" (nats per frame)
     pre_iters: int = 5  # EM iterations of every cluster model before scoring pairs
     bic_iters: int = 0  # EM iterations of a merged model (0: em_iters)
     n_speakers: int = 0  # > 0: merge down to this many clusters (known speaker count)
-    cosine_threshold: float = -0.2  # no merge of a best pair whose supervectors' cosine is under
-    # this (-1 or less: no check)
+    cosine_threshold: float = -1.0  # no merge of a best pair whose supervectors' cosine is under
+    # this (-1 or less: no check, the default: benchmarks/diarization_cv.py)
     ubm_components: int = 12  # the cosine's background model: Gaussians,
     ubm_iters: int = 10  # ... its EM iterations,
     relevance: float = 16.0  # ... and the MAP relevance factor of the cluster means
     cosine_min_frames: int = 500  # ... checked only when both clusters hold this many frames
+    stop_rule: str = "relative"  # "relative": the relative gain and the cosine; "clr": the
+    # cross-likelihood ratio per frame (below) and the cosine
+    clr_threshold: float = 0.0  # "clr": no merge of a best pair whose CLR per frame is under this
+    clr_relevance: float = 64.0  # ... the MAP relevance factor of its cluster models
 
     @property
     def max_components(self) -> int:
@@ -268,6 +272,7 @@ class Clusterer:
         self.on_round = on_round  # called with the clusterer after every merge round's scores
         self.trace_cosine = on_round is not None  # the best pair's cosine, even with no check
         self._bg = None  # the background model of the cosine check (_background)
+        self.final_ll = None  # (k, n) frame log-likelihoods under the final models (final_labels)
         self.scale = None  # (0-point, unit) of the relative merge score, set in the first round
         self._pool = None
         if params.n_jobs > 1:
@@ -356,6 +361,8 @@ class Clusterer:
         self._grow = True
         history = self.history = []  # (clusters, best score, merged pair or None) per round
         self.pair_cosines = []
+        self.pair_clr = []  # the best pair's cross-likelihood ratio per frame, every round
+        self.pair_small = []  # ... and the frames of its smaller cluster
         self.rounds = []  # (clusters, their sizes, per-frame score of every pair) per round
         while True:
             for _ in range(p.seg_loops):
@@ -403,8 +410,16 @@ class Clusterer:
                 a, b = self.supervectors(self.labels, best_pair)
                 cos = float(a @ b)
             self.pair_cosines.append(cos)
+            clr = np.nan
+            if p.stop_rule == "clr" or self.trace_cosine:
+                clr = self.clr(self.labels, best_pair)
+            self.pair_clr.append(clr)
+            self.pair_small.append(small)
             if p.n_speakers:
                 if k <= p.n_speakers:
+                    best_pair = None
+            elif p.stop_rule == "clr":
+                if clr < p.clr_threshold:
                     best_pair = None
             elif best <= limit if p.merge_rule == "bic" else best < limit:
                 best_pair = None
@@ -445,7 +460,7 @@ class Clusterer:
             # 20.0-21.8 % instead of 20.3-28.1 %)
             ubm = self.be.GMM(M, self.X.shape[1], cvtype="diag", dtype=p.dtype, reg_covar=p.reg_covar, seed=0)
             ubm.train(self.X, min_em_iters=p.ubm_iters, max_em_iters=p.ubm_iters)
-            _, post = ubm.eval(self.X)
+            logp, post = ubm.eval(self.X)
             self.prof.add("train", t0)
             sd = np.sqrt(np.maximum(np.asarray(ubm.covars, np.float64), 1e-10))
             # a plain float64 copy of the frames: indexing the frozen array is slower
@@ -455,6 +470,7 @@ class Clusterer:
                 np.asarray(ubm.weights, np.float64),
                 np.ascontiguousarray(post, np.float64),
                 np.array(self.X, np.float64),
+                np.asarray(logp, np.float64),
             )
         return self._bg
 
@@ -466,7 +482,7 @@ class Clusterer:
         the square roots of its weights (Campbell's KL-divergence kernel). Offsets from the
         recording's own model: what all its speakers share (room, microphones) cancels, and two
         clusters of one speaker point the same way."""
-        mu, sd, w, post, X = self._background()
+        mu, sd, w, post, X, _ = self._background()
         r = self.p.relevance
         clusters = list(clusters)
         out = np.empty((len(clusters), mu.size))
@@ -478,6 +494,45 @@ class Clusterer:
             m = (np.einsum("nm,nd->md", P, X[idx]) + r * mu) / (P.sum(axis=0) + r)[:, None]
             out[row] = (np.sqrt(w)[:, None] * (m - mu) / sd).ravel()
         out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
+
+    def _adapted_means(self, idx, relevance):
+        """The background model's means MAP-adapted to the frames ``idx`` (M, D)."""
+        mu, _, _, post, X, _ = self._background()
+        P = post[idx]
+        r = relevance
+        # einsum, not P.T @ X (see supervectors)
+        return (np.einsum("nm,nd->md", P, X[idx]) + r * mu) / (P.sum(axis=0) + r)[:, None]
+
+    def clr(self, labels: np.ndarray, pair, relevance: float | None = None) -> float:
+        """Cross-likelihood ratio per frame of two clusters of ``labels`` (Reynolds et al. 1998,
+        Barras et al. 2006): each cluster's frames scored under the other's model (the
+        background model with its means MAP-adapted to that cluster's frames) against the
+        background model, averaged over the frames, and the two averages summed. A mean over
+        frames, so that its scale does not grow with the length of the recording or of the
+        clusters: about 0 or below for two speakers, above 0 for one speaker's two clusters (a
+        small cluster's model stays near the background, so its CLR stays near 0)."""
+        mu, sd, w, _, X, logp = self._background()
+        r = self.p.clr_relevance if relevance is None else relevance
+        i, j = pair
+        a, b = np.flatnonzero(labels == i), np.flatnonzero(labels == j)
+        if len(a) == 0 or len(b) == 0:
+            return np.nan
+        t0 = time.perf_counter()
+        out = 0.0
+        for own, other in ((a, b), (b, a)):
+            g = self.be.GMM(
+                len(w),
+                X.shape[1],
+                means=self._adapted_means(own, r),
+                covars=sd**2,
+                weights=w / w.sum(),
+                cvtype="diag",
+                dtype=self.p.dtype,
+                reg_covar=self.p.reg_covar,
+            )
+            out += float(np.mean(np.asarray(g.score(X[other].astype(self.p.dtype)), np.float64) - logp[other]))
+        self.prof.add("score", t0)
         return out
 
     def _resize(self, g, n):
@@ -543,7 +598,7 @@ class Clusterer:
         if mode == "block" or len(self.gmms) == 1:
             return self.labels
         t0 = time.perf_counter()
-        ll = self._loglik()
+        ll = self.final_ll = self._loglik()
         if mode == "viterbi":
             from reseg import resegment
 

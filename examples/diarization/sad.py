@@ -78,7 +78,7 @@ def gmm_speech(
     boot_speech: float = 0.5,
     boot_nonspeech: float = 0.2,
     smooth: float = 0.3,
-    bias: float = 0.0,
+    bias: float = 1.0,
     max_gap: float = 0.3,
     min_speech: float = 0.2,
     min_range_db: float = 8.0,
