@@ -11,11 +11,15 @@ Reads WAV/FLAC (any rate, stereo mixed down) and writes an RTTM:
    re-trained on the recording (sad.py);
 3. speakers: ICSI/PyCASP agglomerative clustering of the speech frames (c0..c19, 8-component
    GMMs, resegmentation with a 1.5 s vote, merging by compute_distance_BIC) that stops when the
-   best merge's gain per frame falls below a threshold on the recording's own scale, or when the
-   two clusters' supervectors (a background GMM of the recording adapted to each) point apart
-   (cluster.py);
+   best merge's gain per frame falls below a threshold on the recording's own scale; optionally
+   also when the two clusters' supervectors (a background GMM of the recording adapted to each)
+   point apart, or on their cross-likelihood ratio per frame (cluster.py);
 4. a final Viterbi resegmentation of the speech frames with the speakers' GMMs (reseg.py), then
-   segments: pauses under 0.5 s inside a speaker's turn are that speaker's, no segment under 0.2 s.
+   segments: pauses under 0.5 s inside a speaker's turn are that speaker's, no segment under 0.2 s;
+   with --overlap-margin, a second speaker where the chosen one barely leads (overlap.py).
+
+The defaults were chosen by leave-one-recording-out cross-validation over windows of real
+recordings (benchmarks/diarization_cv.py).
 
 It prints the number of speakers and two speeds: processing (reading the audio to the speaker
 labels; the one-time loading of the GMM code is done before this clock) and end to end (from
