@@ -164,7 +164,7 @@ def build_parser():
     g.add_argument(
         "--relative-threshold",
         type=float,
-        default=0.6,
+        default=0.55,
         help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
         "speaker's (first merge round); chosen on the development recordings",
     )
