@@ -19,7 +19,7 @@ from .errors import NonFiniteInputError
 from .fit import seed, sources
 from .fit.data import Data, _as_dtype, as_data, check_data  # noqa: F401  (check_data: for the drop-in)
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
-from .problem import Problem
+from .problem import CVTYPES, KERNEL_CVTYPE, Problem
 from .specializer import Specializer
 
 __all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze"]
@@ -45,10 +45,11 @@ class GMM:
     D : int
         Dimensions of the data.
     means : array (M, D), optional
-    covars : array (M, D, D) for ``cvtype="full"``, (M, D) for ``"diag"``, optional
+    covars : array (M, D, D) for ``cvtype="full"``, (D, D) for ``"tied"`` (one matrix shared by every
+        component), (M, D) for ``"diag"``, (M,) for ``"spherical"`` (one variance per component), optional
     weights : array (M,), optional
         Initial parameters; those not given are seeded from the data by the first :meth:`train`.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
     dtype : {np.float32, np.float64}
         Working precision of the compiled code (parameters are accumulated in float64).
     reg_covar : float
@@ -87,11 +88,12 @@ class GMM:
         for name, val in (("M", M), ("D", D)):
             if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
-        if cvtype not in ("full", "diag"):
-            raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+        if cvtype not in CVTYPES:
+            raise ValueError(f"cvtype must be one of {', '.join(map(repr, CVTYPES))}, got {cvtype!r}")
         if not (isinstance(reg_covar, numbers.Real) and reg_covar >= 0 and np.isfinite(reg_covar)):
             raise ValueError(f"reg_covar must be a finite number >= 0, got {reg_covar!r}")
         self.M, self.D, self.cvtype = int(M), int(D), cvtype
+        self._kcv = KERNEL_CVTYPE[cvtype]  # how the data's (co)variance seeds it: "full" or "diag"
         self.dtype = _as_dtype(dtype)
         self.reg_covar = float(reg_covar)
         self.variant, self.seed = variant, seed
@@ -101,8 +103,7 @@ class GMM:
         if means is not None:
             self.means = self._check_param("means", means, (self.M, self.D))
         if covars is not None:
-            shape = (self.M, self.D, self.D) if cvtype == "full" else (self.M, self.D)
-            self.covars = self._check_param("covars", covars, shape)
+            self.covars = self._check_param("covars", covars, self._problem(0).covars_shape())
         if weights is not None:
             w = self._check_param("weights", weights, (self.M,))
             if np.any(w < 0) or not np.isclose(w.sum(dtype=np.float64), 1.0, rtol=1e-4):
@@ -134,7 +135,7 @@ class GMM:
         weights. One pass (two for a callable source with random means) over a streamed source."""
         if self.means is not None and self.covars is not None and self.weights is not None:
             return
-        M, cv = self.M, self.cvtype
+        M, cv = self.M, self._kcv  # seeded as the kernel type, then shaped as cvtype
         if data.kind == "host":
             X = data.X
             X64 = X.astype(np.float64)
@@ -158,6 +159,7 @@ class GMM:
         if self.covars is None:
             self.covars = covars.astype(self.dtype)
             seed.check_covariances(self.covars, cv)
+            self.covars = seed.seeded_as(self.covars, self.cvtype)
         if self.weights is None:
             self.weights = seed.equal_weights(M, self.dtype)
 
@@ -349,7 +351,7 @@ def prepare(
     D : int
     M : int or iterable of int
         Component counts to prepare.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
     dtype : {np.float32, np.float64}
     backend : {"auto", "c", "numpy", "cuda"}
     N : int
@@ -365,8 +367,8 @@ def prepare(
     for name, val in [("D", D), ("N", N)] + [("M", m) for m in Ms]:
         if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
             raise ValueError(f"{name} must be a positive integer, got {val!r}")
-    if cvtype not in ("full", "diag"):
-        raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+    if cvtype not in CVTYPES:
+        raise ValueError(f"cvtype must be one of {', '.join(map(repr, CVTYPES))}, got {cvtype!r}")
     spec = Specializer(backend)
     dt = _as_dtype(dtype).name
     # every module of every shape compiles at once, in parallel (one thread per core)
@@ -421,11 +423,15 @@ def compute_distance_BIC(
             parts.append((g.loglik, g.n_events))
     (l1, n1), (l2, n2) = parts
     w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
+    if gmm1.cvtype == "tied":  # one shared matrix: the two models' matrices weighted by their data
+        covars = (gmm1.covars.astype(np.float64) * n1 + gmm2.covars.astype(np.float64) * n2) / (n1 + n2)
+    else:
+        covars = np.concatenate([gmm1.covars, gmm2.covars])
     merged = GMM(
         gmm1.M + gmm2.M,
         gmm1.D,
         means=np.concatenate([gmm1.means, gmm2.means]),
-        covars=np.concatenate([gmm1.covars, gmm2.covars]),
+        covars=covars,
         weights=w / w.sum(),
         cvtype=gmm1.cvtype,
         dtype=gmm1.dtype,

@@ -6,7 +6,7 @@
 Same parameters, methods and attributes as :class:`sklearn.mixture.GaussianMixture`, plus two keywords:
 
 ``backend`` : {"auto", "c", "cuda", "numpy"}
-    Where the "full" and "diag" EM loops run (see :class:`asp_gmm.GMM`). "auto" takes the first of
+    Where the EM loops run (see :class:`asp_gmm.GMM`). "auto" takes the first of
     CUDA, C and NumPy that has a variant for the problem.
 ``dtype`` : {None, "float32", "float64"}
     Working precision of the compiled code. ``None`` (default) follows scikit-learn: float32 data is
@@ -22,11 +22,14 @@ parameters, checking the same difference one iteration earlier. So a fit runs th
 iteration: the parameters, ``n_iter_``, ``converged_``, ``lower_bound_`` and ``lower_bounds_`` are
 those scikit-learn computes from the same initial parameters (up to rounding).
 
-"tied" and "spherical" covariances have no compiled variant: they run scikit-learn's loop on the
-project's float64 NumPy reference (:mod:`asp_gmm.reference`, scikit-learn's formulas; correct, not
-faster than scikit-learn). The initial parameters and every NumPy E- and M-step come from that
-module too; the drop-in keeps no copies of scikit-learn's numerical helpers (it only reproduces
-scikit-learn's starting covariances of one-event components, see ``_one_hot_params``).
+All four covariance types run on the specialized backends ("tied" on the full kernels with one
+shared precision factor, "spherical" on the diagonal ones with one variance per component). The
+initial parameters and every NumPy E- and M-step come from the project's float64 reference
+(:mod:`asp_gmm.reference`, scikit-learn's formulas); the drop-in keeps no copies of scikit-learn's
+numerical helpers (it only reproduces scikit-learn's starting covariances of one-event components,
+see :func:`asp_gmm.fit.numpy_em.one_hot_params`). Weighted fits of every type run the pass loop
+(:mod:`asp_gmm.fit.passes`), "tied" and "spherical" on the per-component statistics of the full
+and diagonal kernels, reduced in each M-step.
 
 Initialisation: as scikit-learn's, with k-means on a subsample of large data (see
 :mod:`asp_gmm.fit.init`). Sample weights: ``fit(X, sample_weight=w)`` and ``partial_fit``.
@@ -68,7 +71,7 @@ except ImportError:  # pragma: no cover
 from . import cuda_arrays, streaming
 from .array_api import follows_input_namespace
 from .fit import init as fit_init
-from .fit import numpy_em, online
+from .fit import online
 from .fit.checks import _check_means, _check_precisions, _check_weights, _sample_weight, _working_dtype
 from .fit import dropin
 from .fit.dropin import _is_dask_array, fit_large
@@ -82,11 +85,9 @@ from .fit.numpy_em import (  # noqa: F401  (the drop-in's numerics; tests call t
 )
 from . import reference as ref
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
-from .problem import Problem
+from .problem import KERNEL_CVTYPE, Problem
 
 __all__ = ["GaussianMixture", "KMEANS_SUBSAMPLE"]
-
-_COMPILED = ("full", "diag")
 
 
 def _validate_data(est, X, reset, **kw):
@@ -109,7 +110,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     means_init, precisions_init, random_state, warm_start, verbose, verbose_interval
         As in :class:`sklearn.mixture.GaussianMixture`.
     backend : {"auto", "c", "cuda", "numpy"}, default="auto"
-        Runtime of the "full" and "diag" EM loops ("tied" and "spherical" always run in NumPy).
+        Runtime of the EM loops.
     dtype : {None, "float32", "float64"}, default=None
         Working precision; ``None`` keeps float32 data in float32 and uses float64 otherwise.
     online_t0, online_kappa : float, default=2.0 and 0.6
@@ -212,9 +213,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             In memory; or streamed one block at a time (:mod:`asp_gmm.streaming`): a
             ``numpy.memmap``, an h5py or zarr dataset, a callable returning a new iterable of
             (n_i, D) row chunks on each call; or a ``dask.array`` (distributed EM on the Dask
-            workers, :mod:`asp_gmm.dask`). Streamed and Dask fits need "full" or "diag"
-            covariance and run one initialisation. Unless ``*_init`` are given they start, on a
-            source with ``init_params`` "kmeans" or "k-means++", from k-means on a uniform sample
+            workers, :mod:`asp_gmm.dask`). Streamed and Dask fits run one initialisation ("tied"
+            and "spherical" on the per-component statistics of "full" and "diag"). Unless
+            ``*_init`` are given they start, on a source with ``init_params`` "kmeans" or
+            "k-means++", from k-means on a uniform sample
             of :data:`KMEANS_SUBSAMPLE` events (as large in-memory data does; two passes), else
             (Dask arrays, other ``init_params``) from ``GMM.train``'s seeding: means at events
             spread evenly through X (random distinct events drawn from ``random_state`` where it is
@@ -231,12 +233,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         self
         """
-        if _is_dask_array(X) or (
-            streaming.is_source(X) and (self.covariance_type in _COMPILED or not hasattr(X, "shape"))
-        ):
+        if _is_dask_array(X) or streaming.is_source(X):
             fit_large(self, X, sample_weight)
             return self
-        self._fit(X, sample_weight)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
+        self._fit(X, sample_weight)
         return self
 
     @follows_input_namespace(fits=True)
@@ -287,11 +287,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             w, mu, cv = self._params64()
         Xw = np.ascontiguousarray(X, dtype=dt)
         try:
-            if cvtype in _COMPILED:
-                prob = Problem(n, D, M, cvtype, dt.name)
-                st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg, sample_weight=sw)
-            else:  # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
-                st = online.numpy_stats(X, w, mu, cv, cvtype, sw)
+            # per-component statistics of the "full" or "diag" kernels ("tied", "spherical": reduced in
+            # the M-step)
+            prob = Problem(n, D, M, KERNEL_CVTYPE[cvtype], dt.name)
+            cvk = streaming.per_component(cv, cvtype, M, D)
+            st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cvk, reg, sample_weight=sw)
             st = st.scaled(1.0 / st.n)
             if first:
                 self._online_stats, self._online_steps = st, 0
@@ -336,10 +336,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         n_init = self.n_init if do_init else 1
         random_state = check_random_state(self.random_state)
-        compiled = cvtype in _COMPILED
-        Xw = np.ascontiguousarray(X, dtype=dt) if compiled else None
-        X64 = None if compiled else np.asarray(X, dtype=np.float64)
-        spec = self._specializer(Problem(N, D, M, cvtype, dt.name)) if compiled else None
+        Xw = np.ascontiguousarray(X, dtype=dt)
+        spec = self._specializer(Problem(N, D, M, cvtype, dt.name))
 
         max_lower_bound, best, best_n_iter, best_lbs, best_conv = -np.inf, None, 0, [], False
         for init in range(n_init):
@@ -357,10 +355,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 continue
             lb_prev = -np.inf if do_init else float(self.lower_bound_)
             t0 = time.perf_counter()
-            if compiled:
-                w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev, sw)
-            else:
-                w, mu, cv, n_iter, lbs, conv = self._em_numpy(X64, params, lb_prev, sw)
+            w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev, sw)
             self._verbose_iters(lbs, lb_prev, time.perf_counter() - t0)
             self._verbose_init_end(lbs[-1], conv, time.perf_counter() - t0)
             lower_bound = lbs[-1]
@@ -382,8 +377,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return X
 
     def _specializer(self, problem):
-        """The :class:`~asp_gmm.specializer.Specializer` that runs ``problem`` ("full" or "diag"): the
-        one of ``backend``, or for "auto" the first backend with a variant for the problem.
+        """The :class:`~asp_gmm.specializer.Specializer` that runs ``problem`` (any covariance type):
+        the one of ``backend``, or for "auto" the first backend with a variant for the problem.
 
         Each backend's Specializer is built once per estimator and kept in ``_specializers`` (not a
         parameter; left out of pickles and copies, see :meth:`__getstate__`), so that predict and
@@ -414,19 +409,6 @@ class GaussianMixture(DensityMixin, BaseEstimator):
 
     def _em_compiled(self, spec, Xw, params, lb_prev, sample_weight=None):
         return dropin.compiled_em(self, spec, Xw, params, lb_prev, sample_weight)
-
-    def _em_numpy(self, X, params, lb_prev, sample_weight=None):
-        """scikit-learn's loop in float64 NumPy (tied, spherical): :func:`asp_gmm.fit.numpy_em.em`."""
-        return numpy_em.em(
-            X,
-            params,
-            self.covariance_type,
-            float(self.reg_covar),
-            float(self.tol),
-            self.max_iter,
-            lb_prev,
-            sample_weight,
-        )
 
     # ------------------------------------------------------------------------------ initialisation
     def _initial_params(self, X, random_state, inits, sample_weight=None):
@@ -490,16 +472,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         cvtype = self.covariance_type
         dt = np.dtype(self.means_.dtype) if self.means_.dtype == np.float32 else np.dtype(np.float64)
         N, D = X.shape
-        if cvtype in _COMPILED:
-            Xw = np.ascontiguousarray(X, dtype=dt)
-            prob = Problem(N, D, self.n_components, cvtype, dt.name)
-            try:
-                return self._specializer(prob).evaluate(Xw, *self._params64(), prob, float(self.reg_covar), want_resp)
-            except (NotPositiveDefiniteError, FloatingPointError) as exc:
-                raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
-        w, mu, _ = self._params64()
-        lpn, resp = _estep(np.asarray(X, np.float64), w, mu, np.asarray(self.precisions_cholesky_, np.float64), cvtype)
-        return lpn.astype(dt, copy=False), (resp.astype(dt, copy=False) if want_resp else None)
+        Xw = np.ascontiguousarray(X, dtype=dt)
+        prob = Problem(N, D, self.n_components, cvtype, dt.name)
+        try:
+            return self._specializer(prob).evaluate(Xw, *self._params64(), prob, float(self.reg_covar), want_resp)
+        except (NotPositiveDefiniteError, FloatingPointError) as exc:
+            raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
 
     @follows_input_namespace()
     def score_samples(self, X):

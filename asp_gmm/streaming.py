@@ -35,7 +35,7 @@ Settings
 """
 
 from .fit.passes import StreamPlan, _Progress, em, pass_stats, plan, source_stats  # noqa: F401
-from .fit.seed import seed  # noqa: F401
+from .fit.seed import seed, seeded_as  # noqa: F401
 from .fit.sources import (  # noqa: F401
     ArraySource,
     CallableSource,
@@ -48,4 +48,5 @@ from .fit.sources import (  # noqa: F401
     memory_fraction,
     wants_stream,
 )
-from .fit.stats import SuffStats  # noqa: F401
+from .fit.stats import SuffStats, reduced_mstep  # noqa: F401
+from .problem import as_cvtype, per_component  # noqa: F401  (tied/spherical as their kernels' per-component types)

@@ -11,12 +11,13 @@ import numpy as np
 
 from .. import reference as ref
 from ..errors import NotPositiveDefiniteError
-from ..problem import Problem
+from ..problem import KERNEL_CVTYPE, Problem
 from . import init as fit_init
 from . import sources
 from .checks import _check_means, _check_precisions, _check_weights, _working_dtype  # noqa: F401
 from .numpy_em import ILL_DEFINED as _ILL_DEFINED
 from .seed import seed as stream_seed
+from .seed import seeded_as
 
 
 def _dask_seed(adask, X, M, cvtype, dt, reg, seed, backend):
@@ -38,11 +39,6 @@ def fit_large(est, X, sample_weight=None):
     if hasattr(est, "_validate_params"):
         est._validate_params()
     cvtype, M = est.covariance_type, est.n_components
-    if cvtype not in ("full", "diag"):
-        raise ValueError(
-            f"covariance_type={cvtype!r} cannot be fitted on streamed or Dask data; use 'full' or "
-            "'diag', or load X into memory"
-        )
     on_dask = _is_dask_array(X)
     if on_dask:
         src, D, kind = None, int(X.shape[1]), X.dtype
@@ -102,10 +98,11 @@ def fit_large(est, X, sample_weight=None):
             )
             w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
         elif w is None or mu is None or cv is None:
-            n, s_mu, s_cv = stream_seed(src, M, D, cvtype, dt, reg, seed, sw)
+            # seeded as the kernel type ("full" for "tied", "diag" for "spherical"), shaped as cvtype
+            n, s_mu, s_cv = stream_seed(src, M, D, KERNEL_CVTYPE[cvtype], dt, reg, seed, sw)
             w = np.full(M, 1.0 / M) if w is None else w
             mu = s_mu.astype(np.float64) if mu is None else mu
-            cv = s_cv if cv is None else cv
+            cv = seeded_as(s_cv, cvtype) if cv is None else cv
         prob = Problem(n or src.n_rows or 0, D, M, cvtype, dt.name)
         spec = est._specializer(prob)
         try:

@@ -20,7 +20,7 @@ import numpy as np
 from ..backends.base import BlockStats
 from .numpy_em import estimate_params, label_params, one_hot_params
 from .sources import blocks, weighted_blocks
-from .stats import SuffStats
+from .stats import SuffStats, reduced_mstep
 
 #: Above this many events, "kmeans" and "k-means++" initialisation run on a random subsample of this
 #: size.
@@ -124,8 +124,8 @@ def stream_kmeans(src, M, D, cvtype, dt, reg, method, random_state, sample_weigh
         km = KMeans(n_clusters=M, n_init=1, random_state=random_state)
         centres = km.fit(sample, sample_weight=sw).cluster_centers_
     centres = np.asarray(centres, np.float64)
-    full = cvtype == "full"
-    st = SuffStats(M, D, cvtype, centres)
+    full = cvtype in ("full", "tied")  # per-component statistics of the kernel type, reduced below
+    st = SuffStats(M, D, "full" if full else "diag", centres)
     for _start, blk, w in _blocks(src, D, dt, sample_weight):
         x = blk.astype(np.float64)
         d2 = (x * x).sum(1)[:, None] - 2.0 * x @ centres.T + (centres * centres).sum(1)
@@ -140,7 +140,7 @@ def stream_kmeans(src, M, D, cvtype, dt, reg, method, random_state, sample_weigh
             s2[c] = yw.T @ y if full else (yw * y).sum(0)
         st.add_block(BlockStats(x.shape[0] if w is None else float(w.sum()), 0.0, nk, sumx, s2), x.shape[0])
     prev = np.repeat((np.eye(D) if full else np.ones(D))[None], M, 0)
-    w, mu, cv = st.mstep(centres, prev, reg)
+    w, mu, cv = reduced_mstep(st, centres, prev, reg, cvtype)
     return st.rows, w, mu, cv
 
 

@@ -1,7 +1,7 @@
 """The drop-in's float64 NumPy numerics: the reference (:mod:`asp_gmm.reference`) with scikit-learn's
 conventions (upper Cholesky factor U of each precision, inv(cov) = U U^T), scikit-learn's error rule
-and message, the M-step from soft or hard responsibilities, and scikit-learn's EM loop for the
-covariance types without compiled variants ("tied", "spherical").
+and message, and the M-step from soft or hard responsibilities (initialisation). Every covariance
+type's EM loop runs on the specialized backends (:mod:`asp_gmm.fit.dropin`).
 """
 
 from __future__ import annotations
@@ -83,28 +83,3 @@ def one_hot_params(X, idx, reg, cvtype):
     resp = np.zeros((X.shape[0], M))  # an event drawn twice belongs to two components
     resp[idx, np.arange(M)] = 1.0
     return estimate_params(X, resp, reg, cvtype)
-
-
-def em(X, params, cvtype: str, reg: float, tol: float, max_iter: int, lb_prev: float, sample_weight=None):
-    """scikit-learn's EM loop in float64 NumPy (the drop-in's "tied" and "spherical"): up to
-    ``max_iter`` iterations (E-step, M-step), stopped when the mean log-likelihood (per unit of
-    weight with ``sample_weight``) changes by less than ``tol``. Returns ``(weights, means,
-    covariances, iterations, lower bounds, converged)``."""
-    w, mu, cv = params
-    D = X.shape[1]
-    pc = precision_cholesky(cv, cvtype, D)
-    lower_bound, lbs, conv, n_iter = lb_prev, [], False, 0
-    for n_iter in range(1, max_iter + 1):
-        prev = lower_bound
-        lpn, resp = estep(X, w, mu, pc, cvtype)
-        if sample_weight is not None:
-            resp = resp * sample_weight[:, None]
-        nk, mu, cv = estimate_params(X, resp, reg, cvtype)
-        w = nk / nk.sum()
-        pc = precision_cholesky(cv, cvtype, D)
-        lower_bound = float(np.mean(lpn) if sample_weight is None else np.average(lpn, weights=sample_weight))
-        lbs.append(lower_bound)
-        if abs(lower_bound - prev) < tol:
-            conv = True
-            break
-    return w, mu, cv, n_iter, lbs, conv

@@ -6,6 +6,7 @@ the device budget, or weighted.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import sys
@@ -17,10 +18,10 @@ import numpy as np
 from .. import config
 from .. import reference as ref
 from ..errors import NonFiniteError, NonFiniteInputError, SettingError, StreamError
-from ..problem import Problem
+from ..problem import Problem, as_cvtype, per_component
 from .result import TrainResult
 from .sources import ArraySource, ChunkSource, as_source, as_weights, blocks, weighted_blocks
-from .stats import SuffStats
+from .stats import SuffStats, reduced_mstep
 
 log = logging.getLogger("asp_gmm")
 
@@ -206,18 +207,23 @@ def em(
     iterations as the in-memory loop (an M-step, then the statistics of the new parameters), one
     pass over the source per iteration plus the first, stopped by :func:`asp_gmm.reference.converged`
     on the change of the log-likelihood per event (per unit of weight with ``sample_weight``).
+    "tied" and "spherical" pass the per-component statistics of the "full" and "diag" problem and
+    reduce each M-step to their type (:func:`asp_gmm.fit.stats.reduced_mstep`).
 
     Parameters
     ----------
     source : chunk source or array (N, D)
-    weights, means, covars : ndarray (M,), (M, D), (M, D, D) or (M, D)
-        Starting parameters.
+    weights, means, covars : ndarray (M,), (M, D), and (M, D, D), (D, D), (M, D) or (M,)
+        Starting parameters (covariances of ``problem.cvtype``).
     sample_weight : WeightSource or array (N,), optional
         Sample weights aligned with the rows (:func:`asp_gmm.fit.sources.as_weights`).
     """
     t_start = time.perf_counter()
     source = as_source(source)
     sample_weight = as_weights(sample_weight, source.n_rows)
+    cvtype = problem.cvtype
+    problem = dataclasses.replace(problem, cvtype=problem.kernel_cvtype)
+    covars = per_component(covars, cvtype, problem.M, problem.D)
     sp = plan(spec, problem, variant)
     bar = _Progress(progress, problem.N or source.n_rows)
     runner = _open_runner(spec, sp, sample_weight)
@@ -232,7 +238,8 @@ def em(
         ll = st.loglik
         trace, iters, converged = [ll], 0, False
         while iters < max_iters:
-            w, mu, cv = st.mstep(mu, cv, reg_covar)
+            w, mu, cv = reduced_mstep(st, mu, cv, reg_covar, cvtype)
+            cv = per_component(cv, cvtype, problem.M, problem.D)
             bar.start(iters + 1, rows)
             st = pass_stats(runner, source, problem, w, mu, cv, reg_covar, rows, bar, sample_weight)
             iters += 1
@@ -247,7 +254,7 @@ def em(
     return TrainResult(
         w,
         mu,
-        cv,
+        as_cvtype(cv, cvtype),
         ll,
         iters,
         converged,

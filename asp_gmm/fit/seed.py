@@ -80,6 +80,18 @@ def check_covariances(covars, cvtype: str) -> None:
         raise ValueError(ZERO_VARIANCE)
 
 
+def seeded_as(covars, cvtype: str) -> np.ndarray:
+    """Seeded covariances, every component the data's ((M, D, D) or (M, D), the kernel type's), in
+    the shape of ``cvtype``: "tied" the one (D, D) matrix, "spherical" (M,) the mean of each
+    diagonal (taken in float64, returned in the covariances' dtype); "full" and "diag" unchanged."""
+    covars = np.asarray(covars)
+    if cvtype == "tied":
+        return np.array(covars[0])  # a copy, C-contiguous
+    if cvtype == "spherical":
+        return np.ascontiguousarray(covars.mean(axis=1, dtype=np.float64).astype(covars.dtype))
+    return covars
+
+
 def equal_weights(M: int, dtype) -> np.ndarray:
     """The mixture weights a seeded model starts with: 1/M each."""
     return np.full(M, 1.0 / M, dtype=dtype)

@@ -145,3 +145,23 @@ def _shift_second(s2, s1, nk, d, cvtype):
         ds1 = np.einsum("ki,kj->kij", d, s1)
         return s2 - ds1 - np.swapaxes(ds1, 1, 2) + nk[:, None, None] * np.einsum("ki,kj->kij", d, d)
     return s2 - 2.0 * d * s1 + nk[:, None] * d * d
+
+
+def reduced_mstep(stats: SuffStats, prev_means, prev_covars, reg_covar: float, cvtype: str):
+    """:meth:`SuffStats.mstep` reduced to ``cvtype`` as asp_gmm/reference.py reduces its estimates:
+    "tied" the count-weighted mean of the components' full covariances (the pooled scatter over the
+    total count, or total weight), "spherical" the mean of each component's diagonal; ``reg_covar``
+    added after. ``stats`` are the per-component ones of the type's kernels ("full" for "tied",
+    "diag" for "spherical"); ``prev_covars`` are per component
+    (:func:`asp_gmm.problem.per_component`); returns covariances of ``cvtype``."""
+    if cvtype in ("full", "diag"):
+        return stats.mstep(prev_means, prev_covars, reg_covar)
+    prev = np.asarray(prev_covars, np.float64)
+    D = prev.shape[-1]
+    # the previous covariances without reg_covar: an empty component keeps them and gets it added again
+    prev = prev - (reg_covar * np.eye(D) if cvtype == "tied" else reg_covar)
+    w, mu, cv = stats.mstep(prev_means, prev, 0.0)
+    if cvtype == "tied":
+        nk = stats.nk + 10 * np.finfo(np.float64).eps
+        return w, mu, np.tensordot(nk, cv, 1) / nk.sum() + reg_covar * np.eye(D)
+    return w, mu, cv.mean(axis=1) + reg_covar
