@@ -443,6 +443,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         self
         """
+        self.__dict__.pop("_online_stats", None)  # a new fit: partial_fit starts again from its result
+        self.__dict__.pop("_online_steps", None)
         if _is_dask_array(X) or (
             streaming.is_source(X) and (self.covariance_type in _COMPILED or not hasattr(X, "shape"))
         ):
@@ -555,6 +557,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         batch EM fit: on a stationary stream it approaches a batch solution as the number of
         batches grows, with the noise of the last ~1/rho_t batches.
 
+        After :meth:`fit` (which discards the running statistics), the next call continues from the
+        fitted parameters: X's statistics under them become the running ones. Changing
+        ``n_components`` or ``covariance_type`` between calls raises a ``ValueError``; call
+        :meth:`fit` to start over.
+
         Parameters
         ----------
         X : array-like (n, D)
@@ -566,9 +573,19 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         """
         if hasattr(self, "_validate_params"):
             self._validate_params()
-        first = not hasattr(self, "_online_stats")
-        X = _validate_data(self, X, first, dtype=[np.float64, np.float32], ensure_min_samples=1)
         cvtype, M, reg = self.covariance_type, self.n_components, float(self.reg_covar)
+        fitted = hasattr(self, "means_")
+        if fitted:
+            M0, D0 = self.means_.shape
+            want = {"full": (M, D0, D0), "diag": (M, D0), "tied": (D0, D0), "spherical": (M,)}[cvtype]
+            if M0 != M or np.shape(self.covariances_) != want:
+                what, was, now = ("n_components", M0, M) if M0 != M else ("covariance_type", "another", repr(cvtype))
+                raise ValueError(
+                    f"partial_fit(): {what} changed from {was} to {now} since the model was fitted; "
+                    "call fit() to start over with the new value, or set it back"
+                )
+        first = not fitted
+        X = _validate_data(self, X, first, dtype=[np.float64, np.float32], ensure_min_samples=1)
         n, D = X.shape
         if first:
             if n < M:
@@ -594,7 +611,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             else:  # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
                 st = _numpy_stats(X, w, mu, cv, cvtype)
             st = st.scaled(1.0 / n)
-            if first:
+            if not hasattr(self, "_online_stats"):  # first batch, or first after fit(): X's statistics
                 self._online_stats, self._online_steps = st, 0
             else:
                 self._online_steps += 1
@@ -608,7 +625,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.converged_ = False
         self.n_iter_ = self._online_steps + 1
         self.lower_bound_ = st.loglik
-        if first:
+        if self._online_steps == 0:
             self.lower_bounds_ = [st.loglik]
         else:
             self.lower_bounds_.append(st.loglik)
@@ -617,6 +634,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     def fit_predict(self, X, y=None):
         """Fit, then return the most likely component of each event of X (always equal to
         ``fit(X).predict(X)``)."""
+        self.__dict__.pop("_online_stats", None)
+        self.__dict__.pop("_online_steps", None)
         X = self._fit(X)
         return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
 

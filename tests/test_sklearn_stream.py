@@ -91,3 +91,31 @@ def test_partial_fit_checks_its_input(rng):
         GaussianMixture(M, online_kappa=0.3).partial_fit(X)
     with pytest.raises(ValueError, match="n_samples >= n_components"):
         GaussianMixture(M).partial_fit(X[:2])
+
+
+def test_fit_resets_what_partial_fit_accumulated(rng):
+    # partial_fit(A), fit(B), partial_fit(B) must be fit(B), partial_fit(B): nothing of A left over
+    A = make_blobs(rng, 600, D, M) + 40.0
+    B = make_blobs(rng, 600, D, M)
+    kw = dict(covariance_type="full", backend="c", random_state=0, max_iter=30)
+    g = GaussianMixture(M, **kw).partial_fit(A).fit(B).partial_fit(B)
+    h = GaussianMixture(M, **kw).fit(B).partial_fit(B)
+    np.testing.assert_allclose(g.means_, h.means_, rtol=0, atol=1e-9 * np.abs(h.means_).max())
+    np.testing.assert_allclose(g.covariances_, h.covariances_, rtol=0, atol=1e-9 * np.abs(h.covariances_).max())
+    assert g.n_iter_ == h.n_iter_ and g.lower_bounds_ == h.lower_bounds_
+    # partial_fit after fit continues from the fitted parameters (one online step, not a restart)
+    assert np.abs(h.means_ - GaussianMixture(M, **kw).fit(B).means_).max() < 0.5
+
+
+def test_partial_fit_names_a_changed_n_components(rng):
+    X = make_blobs(rng, 500, D, M)
+    p = GaussianMixture(M, backend="c").partial_fit(X)
+    p.set_params(n_components=M + 1)
+    with pytest.raises(ValueError, match=r"partial_fit\(\).*n_components.*3.*4.*fit\(\)"):
+        p.partial_fit(X)
+    p.set_params(covariance_type="diag", n_components=M)
+    with pytest.raises(ValueError, match=r"partial_fit\(\).*covariance_type"):
+        p.partial_fit(X)
+    p.fit(X)  # fit starts over with the new parameters; partial_fit then continues from it
+    p.partial_fit(X)
+    assert p.means_.shape == (M, D) and p.covariances_.shape == (M, D)
