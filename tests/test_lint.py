@@ -41,3 +41,15 @@ def test_version_comes_from_the_package_metadata():
     assert f"\nversion = {asp_gmm.__version__}\n" in cfg
     r = subprocess.run([sys.executable, "-m", "asp_gmm.cli", "--version"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and asp_gmm.__version__ in r.stdout
+
+
+def test_package_imports_by_name_through_importlib():
+    # the package's source rule: plain imports, or importlib.import_module for a name in a variable
+    offenders = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for d in ("asp_gmm", "tuning_db")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "__import__(" in line
+    ]
+    assert not offenders, "use importlib.import_module: " + ", ".join(offenders)

@@ -277,3 +277,20 @@ def test_pass_sums_are_compensated_across_blocks():
         parts[1].add_block(block(1.0, 0.0))
     parts[2].add_block(block(-1e16, 0.0))
     assert parts[0].add(parts[1]).add(parts[2]).loglik == 500.0
+
+
+def test_a_failed_device_memory_query_is_reported(monkeypatch, caplog):
+    class NoDevice:
+        name = "cuda"
+
+        @property
+        def device(self):
+            raise RuntimeError("driver gone")
+
+    monkeypatch.delenv("ASP_GMM_DEVICE_BUDGET", raising=False)
+    monkeypatch.setattr(streaming, "_warned_free_memory", [])
+    with caplog.at_level(logging.WARNING, logger="asp_gmm"):
+        assert streaming.device_budget(NoDevice()) is None
+        assert streaming.device_budget(NoDevice()) is None
+    msgs = [r.getMessage() for r in caplog.records if "free memory" in r.getMessage()]
+    assert len(msgs) == 1 and "driver gone" in msgs[0] and "ASP_GMM_DEVICE_BUDGET" in msgs[0]
