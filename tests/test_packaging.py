@@ -126,3 +126,22 @@ def _sklearn_installed():
     except ImportError:
         return False
     return True
+
+
+def test_the_examples_extra_installs_only_what_the_example_imports():
+    """``pip install asp_gmm[examples]`` brings what examples/ imports and nothing more (librosa
+    pulled numba and llvmlite that nothing used)."""
+    import configparser
+    import re
+
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    reqs = [r.strip() for r in cfg["options.extras_require"]["examples"].strip().splitlines() if r.strip()]
+    modules = {"scikit-learn": "sklearn", "pyannote.metrics": "pyannote"}
+    source = "\n".join(p.read_text() for p in (ROOT / "examples").rglob("*.py"))
+    for req in reqs:
+        name = re.split(r"[<>=!\[ ;]", req)[0]
+        mod = modules.get(name, name)
+        assert re.search(rf"^\s*(import|from) {re.escape(mod)}\b", source, re.M), (
+            f"{req}: examples/ never imports {mod}"
+        )
