@@ -23,6 +23,7 @@ import numbers
 import os
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,31 +84,54 @@ class DaskFitResult:
 
 
 # ------------------------------------------------------------------------------ on the workers
-_local = threading.local()
+_runners_lock = threading.Lock()
+#: (worker thread id, fit token) -> open statistics runner; closed at the end of its fit
+_runners: dict = {}
 
 
-def _runner(backend: str, problem: Problem, variant):
-    """This worker thread's statistics runner for ``problem`` (its own specializer, selection and
-    history choose the variant; compiled kernels are cached per process)."""
-    cache = getattr(_local, "runners", None)
-    if cache is None:
-        cache = _local.runners = {}
-    key = (backend, problem, variant)
-    hit = cache.get(key)
+def _runner(backend: str, problem: Problem, variant, token: str):
+    """This worker thread's statistics runner for the fit ``token`` (its own specializer, selection
+    and history choose the variant; compiled kernels are cached per process). It stays open for the
+    fit's passes and is closed by :func:`release_runners` when the fit ends."""
+    key = (threading.get_ident(), token)
+    hit = _runners.get(key)
     if hit is None:
         from .specializer import Specializer
 
         spec = Specializer(backend)
         sp = streaming.plan(spec, problem, variant)
-        hit = cache[key] = spec.backend.open_stats(sp.problem, sp.kernel)
+        hit = spec.backend.open_stats(sp.problem, sp.kernel)
+        with _runners_lock:
+            _runners[key] = hit
     return hit
 
 
-def block_stats(block, params, problem: Problem, backend: str, variant, chunk_index: int, first_row: int):
+def release_runners(token: str) -> int:
+    """Close this process's statistics runners of the fit ``token`` (on CUDA workers: their pinned
+    and device buffers); returns how many. :func:`fit` runs it on every worker when it ends."""
+    with _runners_lock:
+        mine = [_runners.pop(k) for k in [k for k in _runners if k[1] == token]]
+    for r in mine:
+        r.close()
+    return len(mine)
+
+
+def _release(client, token: str) -> None:
+    release_runners(token)  # the threaded scheduler's threads, or an in-process cluster's workers
+    if client is not None:
+        try:
+            client.run(release_runners, token)
+        except Exception as exc:  # noqa: BLE001 - the fit's result stands; say what stays open
+            log.warning("asp_gmm: could not close the workers' statistics runners of a fit (%s)", exc)
+
+
+def block_stats(
+    block, params, problem: Problem, backend: str, variant, chunk_index: int, first_row: int, token: str = ""
+):
     """Task: :class:`~asp_gmm.streaming.SuffStats` of one row block of the Dask array under ``params``
-    ``(weights, means, covars, reg_covar)``."""
+    ``(weights, means, covars, reg_covar)``; ``token`` names the fit (its runners are released at its end)."""
     w, mu, cv, reg = params
-    runner = _runner(backend, problem, variant)
+    runner = _runner(backend, problem, variant, token)
     runner.set_params(w, mu, cv, reg)
     st = streaming.SuffStats(problem.M, problem.D, problem.cvtype, mu)
     src = streaming.ArraySource(np.asarray(block), chunk_rows=max(int(block.shape[0]), 1))
@@ -262,28 +286,33 @@ def fit(
             client = get_client()
         except (ImportError, ValueError):
             client = None
-    with local:
-        return _fit(
-            dask,
-            X,
-            M,
-            cvtype,
-            dt,
-            weights,
-            means,
-            covars,
-            reg_covar,
-            min_iters,
-            max_iters,
-            tol,
-            backend,
-            variant,
-            seed,
-            client,
-            split_every,
-            progress,
-            callback,
-        )
+    token = uuid.uuid4().hex
+    try:
+        with local:
+            return _fit(
+                dask,
+                X,
+                M,
+                cvtype,
+                dt,
+                weights,
+                means,
+                covars,
+                reg_covar,
+                min_iters,
+                max_iters,
+                tol,
+                backend,
+                variant,
+                seed,
+                client,
+                split_every,
+                progress,
+                callback,
+                token,
+            )
+    finally:
+        _release(client, token)
 
 
 def _fit(
@@ -306,6 +335,7 @@ def _fit(
     split_every,
     progress,
     callback,
+    token,
 ):
     N, D = int(X.shape[0]), int(X.shape[1])
     t_start = time.perf_counter()
@@ -336,7 +366,7 @@ def _fit(
         if client is not None:
             params = client.scatter(params, broadcast=True, hash=False)
         tasks = [
-            dask.delayed(block_stats, pure=True)(p, params, problem, backend, variant, i, int(s))
+            dask.delayed(block_stats, pure=True)(p, params, problem, backend, variant, i, int(s), token)
             for i, (p, s) in enumerate(zip(parts, starts))
         ]
         st = _compute(dask, _tree(dask, tasks, combine, split_every), client)

@@ -150,3 +150,22 @@ def test_one_worker_per_gpu_sees_only_its_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(agd.DaskInputError, match="no GPU"):
         agd.gpu_cluster()
+
+
+def test_the_workers_runners_are_closed_when_the_fit_ends(client, monkeypatch):
+    # each worker thread keeps one open statistics runner for the passes of a fit (on CUDA workers:
+    # pinned and device buffers); the fit closes them when it ends, here and on the workers
+    from asp_gmm.backends import c as cbackend
+
+    opened, closed = [], []
+    orig_open, orig_close = cbackend.CBackend.open_stats, cbackend.CStatsRunner.close
+    monkeypatch.setattr(
+        cbackend.CBackend, "open_stats", lambda self, *a, **k: opened.append(1) or orig_open(self, *a, **k)
+    )
+    monkeypatch.setattr(cbackend.CStatsRunner, "close", lambda self: closed.append(1) or orig_close(self))
+    X = data()
+    kw = dict(cvtype="diag", dtype=np.float64, backend="c", min_iters=2, max_iters=2, tol=0.0)
+    agd.fit(da.from_array(X, chunks=(500, D)), M, client=False, **kw)  # the threaded scheduler, in this process
+    assert opened and len(closed) == len(opened)
+    agd.fit(da.from_array(X, chunks=(700, D)).persist(), M, **kw)  # two worker processes
+    assert client.run(lambda: len(agd._runners)) and set(client.run(lambda: len(agd._runners)).values()) == {0}
