@@ -1,0 +1,219 @@
+"""Batched EM on the C backend: the ``phase = "batch"`` variants of ``variants/c`` (``CB``: OpenMP
+threads across problems, each member's EM loop on one thread), through cffi like the core.
+
+One library holds the EM core and the batch driver, so the members' states are created by the
+same binary that runs them. Members are handed to the threads largest first (by N x M), so a
+long member does not start last.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cffi
+import numpy as np
+
+from .. import cache, registry
+from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
+from ..problem import BatchProblem, Problem
+from . import c as cbackend
+from .base import Kernel
+from .batch_base import BatchSession, BatchSupport, MemberRun
+
+ffi = cffi.FFI()
+ffi.cdef(
+    cbackend._CDEF
+    + """
+int asp_batch_abi(void);
+void asp_batch_em(asp_state **st, int nb, int nthreads, int min_iters, int max_iters, double tol,
+                  const double *reg, int *rc, double *ll, int *iters, int *conv, double *trace, double *seconds);
+void asp_batch_estep(asp_state **st, int nb, int nthreads, int *rc, double *ll);
+void asp_batch_set_params(asp_state **st, int nb, int nthreads, const double *reg, int *rc);
+"""
+)
+
+
+def _dptr(a: np.ndarray):
+    return ffi.cast("double *", ffi.from_buffer(a))
+
+
+def _iptr(a: np.ndarray):
+    return ffi.cast("int *", ffi.from_buffer(a))
+
+
+class CBatchSupport(BatchSupport):
+    """Compiles the C batch variants (sources depend on cvtype, dtype and tunables only)."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self._libs: dict = {}
+        self._lock = threading.Lock()
+
+    def _source(self, variant, tun: dict, problem: Problem):
+        cls = Problem(0, 0, 0, problem.cvtype, problem.dtype)
+        src = registry.render(variant, tun, cls, **self.backend._context(problem))
+        return src, f"c-{Kernel(variant, tun).label}-{problem.cvtype}-{problem.dtype}"
+
+    def _tun(self, variant, tunables):
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        return tun
+
+    def is_ready(self, variant, tunables, problem):
+        tun = self._tun(variant, tunables)
+        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
+        if key in self._libs:
+            return True
+        src, name = self._source(variant, tun, problem)
+        return cache.lookup(src, ".so", self.backend._build_args()[1], name) is not None
+
+    def kernel(self, variant, tunables, problem):
+        tun = self._tun(variant, tunables)
+        key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
+        k = self._libs.get(key)
+        if k is not None:
+            return k
+        with self._lock:
+            k = self._libs.get(key)
+            if k is None:
+                src, name = self._source(variant, tun, problem)
+                cc, bkey = self.backend._build_args()
+                command = lambda s, out: cc + cbackend.FLAGS + ["-o", out, s, "-lm"]  # noqa: E731
+                path = cache.build(src, ".so", command, bkey, name)
+                lib = ffi.dlopen(str(path))
+                if lib.asp_abi() != 4 or lib.asp_batch_abi() != 1:
+                    raise KernelError("C batch library ABI mismatch; clear the cache folder")
+                k = self._libs[key] = Kernel(variant, tun, handle=lib, binary=str(path))
+        return k
+
+    def open(self, Xs, problems, kernel):
+        return CBatchSession(kernel.handle, Xs, problems)
+
+
+class CBatchSession(BatchSession):
+    """Every member's data packed into its own core state of the batch library; parameters
+    shared with C through NumPy arrays, one set per member."""
+
+    def __init__(self, lib, Xs, problems):
+        self._lib, self.problems = lib, list(problems)
+        tile = lib.asp_tile()
+        self._keep, self._states = [], []
+        self.weights, self.means, self.covars, self._logprob = [], [], [], []
+        # largest members first: the dynamic schedule then ends with the small ones
+        self.order = np.argsort([-(p.N * p.M) for p in problems], kind="stable")
+        try:
+            for X, p in zip(Xs, problems):
+                ntiles, dp = -(-p.N // tile), p.D + (p.D & 1)
+                dt = p.np_dtype
+                xt = np.empty((ntiles, dp, tile), dt)
+                resp = np.empty((ntiles, p.M, tile), dt)
+                logprob = np.empty(ntiles * tile, dt)
+                w, mu = np.zeros(p.M), np.zeros((p.M, p.D))
+                cv = np.zeros((p.M, p.D, p.D) if p.cvtype == "full" else (p.M, p.D))
+                nk = np.zeros(p.M)
+                fb = ffi.from_buffer
+                st = lib.asp_create(
+                    fb(X), p.N, p.D, p.M, fb(xt), fb(resp), fb(logprob), _dptr(w), _dptr(mu), _dptr(cv), _dptr(nk)
+                )
+                if st == ffi.NULL:
+                    raise MemoryError(f"could not allocate the C state of a member of N={p.N}, D={p.D}, M={p.M}")
+                self._states.append(st)
+                self._keep.append((X, xt, resp, nk))
+                self.weights.append(w)
+                self.means.append(mu)
+                self.covars.append(cv)
+                self._logprob.append(logprob)
+        except BaseException:
+            self.close()
+            raise
+        self._ptrs = ffi.new("asp_state *[]", [self._states[i] for i in self.order] or [ffi.NULL])
+        self._threads = cbackend._omp_threads()
+
+    def close(self):
+        for st in self._states:
+            self._lib.asp_destroy(st)
+        self._states = []
+
+    def __del__(self):
+        self.close()
+
+    def _error(self, b: int, rc: int, reg: float):
+        st = self._states[b]
+        msg = ffi.string(self._lib.asp_error(st)).decode()
+        if rc == cbackend._ERR_NOT_PD:
+            return NotPositiveDefiniteError(int(self._lib.asp_bad_component(st)), reg)
+        if rc == cbackend._ERR_NONFINITE:
+            return NonFiniteError(msg)
+        if rc == cbackend._ERR_ALLOC:
+            return MemoryError(msg)
+        return KernelError(msg or f"C batch kernel failed with code {rc}")
+
+    def _unsorted(self, a):
+        out = np.empty_like(a)
+        out[self.order] = a
+        return out
+
+    def set_params(self, params, reg_covars):
+        nb = len(self.problems)
+        for b, (w, mu, cv) in enumerate(params):
+            self.weights[b][:] = w
+            self.means[b][:] = mu
+            self.covars[b][:] = cv
+        reg = np.asarray(reg_covars, np.float64)[self.order].copy()
+        rc = np.zeros(nb, np.intc)
+        self._lib.asp_batch_set_params(self._ptrs, nb, self._threads, _dptr(reg), _iptr(rc))
+        rc = self._unsorted(rc)
+        return [None if rc[b] == 0 else self._error(b, int(rc[b]), reg_covars[b]) for b in range(nb)]
+
+    def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
+        nb = len(self.problems)
+        live = [b for b in self.order if b not in skip]
+        ptrs = ffi.new("asp_state *[]", [self._states[b] for b in live] or [ffi.NULL])
+        n = len(live)
+        reg = np.asarray([reg_covars[b] for b in live], np.float64)
+        rc, iters, conv = np.zeros(max(n, 1), np.intc), np.zeros(max(n, 1), np.intc), np.zeros(max(n, 1), np.intc)
+        ll, secs = np.full(max(n, 1), np.nan), np.zeros(max(n, 1))
+        trace = np.full((max(n, 1), max_iters + 1), np.nan)
+        if n:
+            self._lib.asp_batch_em(
+                ptrs,
+                n,
+                self._threads,
+                int(min_iters),
+                int(max_iters),
+                float(tol),
+                _dptr(reg),
+                _iptr(rc),
+                _dptr(ll),
+                _iptr(iters),
+                _iptr(conv),
+                _dptr(trace),
+                _dptr(secs),
+            )
+        runs = [MemberRun() for _ in range(nb)]
+        for j, b in enumerate(live):
+            k = int(iters[j])
+            r = MemberRun(float(ll[j]), k, bool(conv[j]), trace[j, : k + 1].tolist(), float(secs[j]))
+            if rc[j]:
+                r.error = self._error(b, int(rc[j]), reg_covars[b])
+            runs[b] = r
+        return runs
+
+    def params(self, b):
+        return self.weights[b].copy(), self.means[b].copy(), self.covars[b].copy()
+
+    def score(self, skip=()):
+        nb = len(self.problems)
+        live = [b for b in self.order if b not in skip]
+        ptrs = ffi.new("asp_state *[]", [self._states[b] for b in live] or [ffi.NULL])
+        rc, ll = np.zeros(max(len(live), 1), np.intc), np.zeros(max(len(live), 1))
+        if live:
+            self._lib.asp_batch_estep(ptrs, len(live), self._threads, _iptr(rc), _dptr(ll))
+        out = [None] * nb
+        for j, b in enumerate(live):
+            out[b] = self._error(b, int(rc[j]), 0.0) if rc[j] else self._logprob[b][: self.problems[b].N].copy()
+        return out
+
+
+def batch_problem(problems) -> BatchProblem:
+    return BatchProblem.of(problems)
