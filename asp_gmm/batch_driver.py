@@ -63,6 +63,11 @@ class _SelectionView:
     def __getattr__(self, name):
         return getattr(self._backend, name)
 
+    @property
+    def preference(self) -> list:
+        """The batched variants in the fixed rule's order (:func:`asp_gmm.selection.rule_order`)."""
+        return list(self.support.preference)
+
     def is_ready(self, variant, tunables, problem):
         return self.support.is_ready(variant, tunables, problem)
 

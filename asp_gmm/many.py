@@ -93,7 +93,7 @@ def train_many(
     min_em_iters, max_em_iters, tol
         As in :meth:`GMM.train`, for every member.
     variant : str, optional
-        Pin a batched variant of the backend (e.g. ``"CBT"``, see ``asp-gmm info``); by default the
+        Pin a batched variant of the backend (e.g. ``"CBE"``, see ``asp-gmm info``); by default the
         selection chooses.
 
     Returns

@@ -75,6 +75,9 @@ class BatchSession(abc.ABC):
 class BatchSupport(abc.ABC):
     """A backend's batched variants: which exist, compiling them, opening sessions."""
 
+    #: Batched variant names in the order the fixed rule prefers them (when nothing is measured).
+    preference: tuple = ()
+
     def __init__(self, backend: Backend):
         self.backend = backend
 
