@@ -172,6 +172,26 @@ class BatchSpecializer:
             self._compile_later(view, c, bp)
         return out
 
+    def prepare(self, batches) -> int:
+        """Compile or load every batched configuration the selection may run for the given
+        batch classes (:class:`~asp_gmm.problem.BatchProblem`), and open the tuning history, so
+        that the first batched calls pay for neither; returns how many configurations are ready."""
+        view = batch_support(self.backend)
+        if view is None:
+            return 0
+        hist = getattr(self.policy.selector, "history", None)
+        if callable(hist):
+            hist()  # the history is read once per process: here rather than in the first call
+        ready = 0
+        for bp in batches:
+            for cfg in self.candidates(view, bp):
+                try:
+                    view.support.kernel(cfg.variant, cfg.params, bp)
+                    ready += 1
+                except CompileError:
+                    self.policy.record(view, bp, cfg, "compile-failed")
+        return ready
+
     def _compile_later(self, view, cfg, bp):
         fn = getattr(self.backend, "_submit", None)
         if fn is None:

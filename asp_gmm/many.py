@@ -25,7 +25,7 @@ from .batch_driver import BatchSpecializer
 from .errors import BatchMemberError
 from .gmm import GMM, check_data
 
-__all__ = ["train_many", "score_many", "compute_distance_BIC_many"]
+__all__ = ["train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
 
 
 def _check_iters(min_em_iters, max_em_iters, tol, what: str):
@@ -68,6 +68,20 @@ def _host(X, g: GMM, b: int, method: str, min_events: int):
     return check_data(X, g.D, g.dtype, min_events, name=f"datasets[{b}]", method=method)
 
 
+def _members(datasets, models):
+    """``(list of the members' data, checked)``: a 3-D float array (B, N, D) of the models' dtype
+    and D, all finite, is checked in one pass here (``checked``: its rows need only the N >= M
+    test); anything else is checked member by member, as ``GMM.train`` checks its X."""
+    if isinstance(datasets, np.ndarray) and datasets.ndim == 3 and models:
+        g = models[0]
+        if datasets.dtype == g.dtype and datasets.shape[2] == g.D:
+            X = np.ascontiguousarray(datasets)
+            if np.isfinite(X).all():
+                return [X[b] for b in range(X.shape[0])], True
+        return [datasets[b] for b in range(datasets.shape[0])], False
+    return list(datasets), False
+
+
 def _raise_if(errors: dict, results: list, what: str):
     if errors:
         raise BatchMemberError(errors, results, what)
@@ -88,8 +102,9 @@ def train_many(
     models : sequence of GMM
         Models of one D, cvtype, dtype and backend; M may differ. Each is seeded (first call) or
         warm-started exactly as :meth:`GMM.train` would do it.
-    datasets : sequence of array (N_b, D)
-        ``datasets[b]`` trains ``models[b]``; each its own N_b (at least M_b events).
+    datasets : sequence of array (N_b, D), or one array (B, N, D)
+        ``datasets[b]`` trains ``models[b]``; each its own N_b (at least M_b events). One 3-D
+        array (members of equal N) is checked in one pass.
     min_em_iters, max_em_iters, tol
         As in :meth:`GMM.train`, for every member.
     variant : str, optional
@@ -111,7 +126,7 @@ def train_many(
     what = "train_many()"
     _check_iters(min_em_iters, max_em_iters, tol, what)
     models = _check_models(models, what)
-    datasets = list(datasets)
+    datasets, checked = _members(datasets, models)
     if len(datasets) != len(models):
         raise ValueError(f"{what}: {len(models)} models but {len(datasets)} datasets; pass one data set per model")
     if not models:
@@ -119,7 +134,13 @@ def train_many(
     errors, ok, Xs = {}, [], []
     for b, (g, X) in enumerate(zip(models, datasets)):
         try:
-            X = _host(X, g, b, "train", g.M)
+            if not checked:
+                X = _host(X, g, b, "train", g.M)
+            elif X.shape[0] < g.M:
+                raise ValueError(
+                    f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
+                    "use fewer components or more data"
+                )
             g._seed(X)
         except (ValueError, TypeError) as exc:
             errors[b] = exc
@@ -270,6 +291,38 @@ def compute_distance_BIC_many(
         out[b] = (merged[j], lls[j] - g1.loglik - g2.loglik)
     _raise_if(errors, out, what)
     return out
+
+
+def prepare_many(D: int, M, cvtype: str = "full", dtype=np.float32, backend: str = "auto", N: int = 10_000) -> int:
+    """Compile, or load from the cache, what batched calls of models of these shapes run, and open
+    the tuning history: :func:`asp_gmm.prepare` for :func:`train_many`, :func:`score_many` and
+    :func:`compute_distance_BIC_many` (before a timed section).
+
+    Parameters
+    ----------
+    D : int
+    M : int or iterable of int
+        The largest component count of a batch (each value: one batch class).
+    cvtype, dtype, backend
+        As for :class:`GMM`.
+    N : int
+        Events of a typical batch (all members together).
+
+    Returns
+    -------
+    int
+        Batched configurations ready.
+    """
+    Ms = [M] if isinstance(M, numbers.Integral) else list(M)
+    for name, val in [("D", D), ("N", N)] + [("M", m) for m in Ms]:
+        if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
+            raise ValueError(f"prepare_many(): {name} must be a positive integer, got {val!r}")
+    g = GMM(1, int(D), cvtype=cvtype, dtype=dtype, backend=backend)
+    from .problem import BatchProblem
+
+    return BatchSpecializer(g._specializer).prepare(
+        [BatchProblem(int(N), int(D), int(m), cvtype, g.dtype.name, B=2) for m in Ms]
+    )
 
 
 def _merged(gmm1: GMM, gmm2: GMM, b: int) -> GMM:

@@ -237,3 +237,18 @@ def test_batch_history_records_and_exploits(tmp_path, rng):
         assert "CBE" in text and "CB" in text
     finally:
         h.close()
+
+
+def test_three_d_data(rng):
+    """One (B, N, D) array is the members' data (gmm-gpu's layout); a bad member is still named."""
+    X = rng.standard_normal((5, 60, 2)).astype(np.float32)
+    params = [init_params(rng, X[b], 2, "full") for b in range(5)]
+    a = _models(params, 2, "full", np.float32, "c")
+    b_ = _models(params, 2, "full", np.float32, "c")
+    train_many(a, X, min_em_iters=4, max_em_iters=4, tol=0.0)
+    train_many(b_, list(X), min_em_iters=4, max_em_iters=4, tol=0.0)
+    for g, h in zip(a, b_):
+        np.testing.assert_array_equal(g.covars, h.covars)
+    X[3, 5, 1] = np.inf
+    with pytest.raises(BatchMemberError, match=r"member 3: .*datasets\[3\] contains NaN or infinity"):
+        train_many(_models(params, 2, "full", np.float32, "c"), X, max_em_iters=2)

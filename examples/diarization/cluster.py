@@ -151,7 +151,12 @@ class Backend:
                 ) from None
             self._GMM, self._bic, self._prepare, self._freeze = GMM, compute_distance_BIC, prepare, freeze
             # many models in one call: cluster retraining, resegmentation scores, candidate merges
-            self._many = (asp_gmm.train_many, asp_gmm.score_many, asp_gmm.compute_distance_BIC_many)
+            self._many = (
+                asp_gmm.train_many,
+                asp_gmm.score_many,
+                asp_gmm.compute_distance_BIC_many,
+                asp_gmm.prepare_many,
+            )
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
                 self.name = f"auto:{GMM(1, 1, backend='auto').backend}"
@@ -167,9 +172,12 @@ class Backend:
         return self._GMM(*a, **kw, **self._kw)
 
     def prepare(self, D, Ms, N, cvtype, dtype):
-        """Load (or compile) the code for models of these component counts ahead of the run."""
+        """Load (or compile) the code for models of these component counts ahead of the run: the
+        single calls' and, where the implementation batches, the batched calls' (and its history)."""
         if self._prepare is not None:
             self._prepare(D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
+        if self._many is not None:
+            self._many[3](D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
 
     @property
     def batched(self) -> bool:

@@ -174,13 +174,20 @@ class CudaBatchSession(BatchSession):
         w = np.zeros((B, MP))
         mu = np.zeros((B, MP, D))
         cov = np.zeros((B, MP, C))
-        if self.full:
-            il = np.tril_indices(D)
-        for b, (wb, mb, cb) in enumerate(params):
-            m = len(wb)
-            w[b, :m] = wb
-            mu[b, :m] = mb
-            cov[b, :m] = np.asarray(cb)[:, il[0], il[1]] if self.full else cb
+        il = np.tril_indices(D)
+        ms = {len(p[0]) for p in params}
+        if len(ms) == 1:  # one M: every member at once
+            m = ms.pop()
+            w[:, :m] = np.stack([p[0] for p in params])
+            mu[:, :m] = np.stack([p[1] for p in params])
+            cv = np.stack([p[2] for p in params])
+            cov[:, :m] = cv[:, :, il[0], il[1]] if self.full else cv
+        else:
+            for b, (wb, mb, cb) in enumerate(params):
+                m = len(wb)
+                w[b, :m] = wb
+                mu[b, :m] = mb
+                cov[b, :m] = np.asarray(cb)[:, il[0], il[1]] if self.full else cb
         self._reg = np.asarray(reg_covars, np.float64)
         with self.dev.active():
             self.drv.memcpy_htod(self.wsrc, w)
@@ -203,7 +210,7 @@ class CudaBatchSession(BatchSession):
             )
             bad = np.zeros(B, np.int32)
             self.drv.memcpy_dtoh(bad, self.bad)
-        self._host = (w, mu, cov)
+        self._store(w, mu, cov)
         return [
             None if bad[b] == 0 else NotPositiveDefiniteError(int(bad[b]) - 1, float(reg_covars[b])) for b in range(B)
         ]
@@ -213,15 +220,21 @@ class CudaBatchSession(BatchSession):
             raise RuntimeError("no parameters yet")
         w, mu, cov = self._host
         m = self.problems[b].M
-        wb = w[b, :m] / w[b, :m].sum()
+        return w[b, :m].copy(), mu[b, :m].copy(), cov[b, :m].copy()
+
+    def _store(self, w, mu, cov):
+        """Host copies of every member's parameters: weights normalised over the member's own
+        components (padding weighs 0), full covariances unpacked, all members at once."""
+        tot = w.sum(axis=1, keepdims=True)
+        w = w / np.where(tot > 0, tot, 1.0)
         if self.full:
             D = self.D
-            full = np.zeros((m, D, D))
             il = np.tril_indices(D)
-            full[:, il[0], il[1]] = cov[b, :m]
-            full[:, il[1], il[0]] = cov[b, :m]
-            return wb, mu[b, :m].copy(), full
-        return wb, mu[b, :m].copy(), cov[b, :m].copy()
+            full = np.zeros(cov.shape[:2] + (D, D))
+            full[:, :, il[0], il[1]] = cov
+            full[:, :, il[1], il[0]] = cov
+            cov = full
+        self._host = (w, mu, cov)
 
     def _read_params(self):
         B = len(self.problems)
@@ -231,7 +244,7 @@ class CudaBatchSession(BatchSession):
         self.drv.memcpy_dtoh(w, self.wsrc)
         self.drv.memcpy_dtoh(mu, self.mu)
         self.drv.memcpy_dtoh(cov, self.cov)
-        self._host = (w, mu, cov)
+        self._store(w, mu, cov)
 
     # ------------------------------------------------------------------ running
     def _estep(self):
