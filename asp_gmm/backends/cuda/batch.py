@@ -28,8 +28,8 @@ from .compile import binary_name, is_cached, load_module, render_source
 #: pycuda argument signatures of the batched kernels (P: a device pointer)
 SIGNATURES = {
     "asp_batch_factor": "PPPPPPPP",
-    "asp_batch_estep": "PPPPPPPPPPPPP",
-    "asp_batch_mstep": "PPPPPPPPPPPPP",
+    "asp_batch_estep": "PPPPPPPPPPPPPP",
+    "asp_batch_mstep": "PPPPPPPPPPPPPP",
 }
 
 
@@ -121,15 +121,21 @@ class CudaBatchSession(BatchSession):
         within = np.arange(self.nblocks, dtype=np.int64) - np.repeat(np.cumsum(nblk) - nblk, nblk)
         blk_first = (starts + within * T).astype(np.int32)
         self.mcount = np.array([p.M for p in problems], np.int32)
-        X = (
-            np.ascontiguousarray(np.concatenate(Xs), dtype=np.float32)
-            if B > 1
-            else np.ascontiguousarray(Xs[0], np.float32)
-        )
+        # members given the same array (scoring one data set under many models) share its rows
+        first, parts, xoff, rows = {}, [], np.zeros(B, np.int64), 0
+        for b, Xb in enumerate(Xs):
+            k = id(Xb)
+            if k not in first:
+                first[k] = rows
+                parts.append(Xb)
+                rows += len(Xb)
+            xoff[b] = first[k]
+        X = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype=np.float32)
         ntot = int(self.off[-1])
         self._bufs = []
         with dev.active():
             self.X = self._put(X)
+            self.d_xoff = self._put(xoff.astype(np.int32))
             self.d_off = self._put(self.off)
             self.d_blk_member = self._put(blk_member)
             self.d_blk_first = self._put(blk_first)
@@ -253,6 +259,7 @@ class CudaBatchSession(BatchSession):
             (max(self.nblocks, 1), 1, 1),
             (self.threads, 1, 1),
             self.X,
+            self.d_xoff,
             self.d_off,
             self.d_blk_member,
             self.d_blk_first,
@@ -276,6 +283,7 @@ class CudaBatchSession(BatchSession):
             (B * self.MP, 1, 1),
             (self.threads, 1, 1),
             self.X,
+            self.d_xoff,
             self.d_off,
             self.act,
             self.d_mcount,
