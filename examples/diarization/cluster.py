@@ -321,14 +321,31 @@ class Clusterer:
         self.prof.calls[kind] += len(items)
         return out
 
+    def _batches(self, kind, fn, items):
+        """``fn(items)`` for a batched implementation: one call, or, with n_jobs threads, one call
+        per thread on every n_jobs-th item (each call single-threaded inside); the results in
+        the order of ``items``, timed as ``kind``."""
+        t0 = time.perf_counter()
+        k = self.p.n_jobs if self._pool is not None else 1
+        if k > 1 and len(items) > 1:
+            parts = list(self._pool.map(fn, [items[i::k] for i in range(k)]))
+            out = [None] * len(items)
+            for i, part in enumerate(parts):
+                out[i::k] = part
+        else:
+            out = list(fn(items))
+        self.prof.seconds[kind] += time.perf_counter() - t0
+        self.prof.calls[kind] += len(items)
+        return out
+
     def _train_all(self, gmms, datas, iters=None):
         it = iters or self.p.em_iters
         if self.be.batched:
-            t0 = time.perf_counter()
-            out = self.be.train_many(gmms, datas, it)
-            self.prof.seconds["train"] += time.perf_counter() - t0
-            self.prof.calls["train"] += len(gmms)
-            return out
+            return self._batches(
+                "train",
+                lambda its: self.be.train_many([g for g, _ in its], [d for _, d in its], it),
+                list(zip(gmms, datas)),
+            )
         return self._map(
             "train", lambda g, X: float(g.train(X, min_em_iters=it, max_em_iters=it)), list(zip(gmms, datas))
         )
@@ -338,11 +355,7 @@ class Clusterer:
         rows, which is contiguous)."""
         X = self.X
         if self.be.batched:
-            t0 = time.perf_counter()
-            out = self.be.score_many(self.gmms, X)
-            self.prof.seconds["score"] += time.perf_counter() - t0
-            self.prof.calls["score"] += len(self.gmms)
-            return out
+            return np.stack(self._batches("score", lambda gs: list(self.be.score_many(gs, X)), self.gmms))
         rows = self._map("score", lambda g: g.score(X), [(g,) for g in self.gmms])
         return np.stack(rows)
 
@@ -419,14 +432,15 @@ class Clusterer:
                 return self.be.bic(self.gmms[i], self.gmms[j], Xij, bic_iters)
 
             if self.be.batched:
-                t0 = time.perf_counter()
-                results = self.be.bic_many(
-                    [(self.gmms[i], self.gmms[j]) for i, j in pairs],
-                    [np.concatenate([self.data[i], self.data[j]]) for i, j in pairs],
-                    bic_iters,
+                results = self._batches(
+                    "bic",
+                    lambda ps: self.be.bic_many(
+                        [(self.gmms[i], self.gmms[j]) for i, j in ps],
+                        [np.concatenate([self.data[i], self.data[j]]) for i, j in ps],
+                        bic_iters,
+                    ),
+                    pairs,
                 )
-                self.prof.seconds["bic"] += time.perf_counter() - t0
-                self.prof.calls["bic"] += len(pairs)
             else:
                 results = self._map("bic", score_pair, pairs)
             # gain of every merge per frame of the pair

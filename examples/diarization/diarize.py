@@ -275,11 +275,20 @@ def check_audio_file(path, seg_len):
 
 
 def default_jobs(backend_name: str) -> int:
-    """One: asp_gmm's backends run the independent calls (clusters, pairs) as one batched call each
-    (train_many, score_many, compute_distance_BIC_many), threads across the models inside it;
-    scikit-learn holds the GIL in Python code and threads its BLAS itself (a pool made it 3-7x
-    slower on 2 cores). ``--jobs N`` still runs scikit-learn's calls on N threads."""
-    return 1
+    """One thread per core on asp_gmm's CPU backends; CUDA calls stay on the main thread, and so
+    do scikit-learn's (it holds the GIL in Python code and threads its BLAS itself: a pool made
+    it 3-7x slower on 2 cores)."""
+    if backend_name in ("cuda", "sklearn"):
+        return 1
+    if backend_name == "auto":
+        try:
+            import pycuda.driver  # noqa: F401  (auto takes CUDA where pycuda and a GPU exist)
+
+            return 1
+        except Exception:
+            pass
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, n))
 
 
 def resolve_backend(name: str) -> str:
