@@ -130,11 +130,20 @@ class CudaBatchSession(BatchSession):
                 parts.append(Xb)
                 rows += len(Xb)
             xoff[b] = first[k]
-        X = np.ascontiguousarray(parts[0] if len(parts) == 1 else np.concatenate(parts), dtype=np.float32)
         ntot = int(self.off[-1])
         self._bufs = []
         with dev.active():
-            self.X = self._put(X)
+            # large arrays straight to their rows on the device (no host concatenation of the
+            # merged clusters' frames); many small ones concatenated first (one copy, not one each)
+            self.X = self._alloc(rows * self.D * 4)
+            if len(parts) > 1 and rows * self.D * 4 < len(parts) << 20:
+                parts = [np.concatenate(parts)]
+            at = 0
+            for part in parts:
+                a = np.ascontiguousarray(part, dtype=np.float32)
+                if a.nbytes:
+                    self.drv.memcpy_htod(int(self.X) + at, a)
+                at += a.nbytes
             self.d_xoff = self._put(xoff.astype(np.int32))
             self.d_off = self._put(self.off)
             self.d_blk_member = self._put(blk_member)
