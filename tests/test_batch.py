@@ -252,3 +252,18 @@ def test_three_d_data(rng):
     X[3, 5, 1] = np.inf
     with pytest.raises(BatchMemberError, match=r"member 3: .*datasets\[3\] contains NaN or infinity"):
         train_many(_models(params, 2, "full", np.float32, "c"), X, max_em_iters=2)
+
+
+@pytest.mark.parametrize("cvtype", ["tied", "spherical"])
+def test_tied_and_spherical_run_one_by_one(cvtype, rng):
+    """No batched variant implements tied or spherical covariance: the members run through the
+    ordinary specializer, with the same results."""
+    D = 3
+    data = [make_blobs(rng, n, D, 2) for n in (40, 300, 77)]
+    alone = [GMM(2, D, cvtype=cvtype, dtype=np.float64, backend="c", seed=3) for _ in data]
+    many = [GMM(2, D, cvtype=cvtype, dtype=np.float64, backend="c", seed=3) for _ in data]
+    lone = [g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0) for g, X in zip(alone, data)]
+    ll = train_many(many, data, min_em_iters=3, max_em_iters=3, tol=0.0)
+    for g, h, a, b in zip(alone, many, lone, ll):
+        np.testing.assert_allclose(h.covars, g.covars, rtol=1e-12, atol=1e-12)
+        assert a == pytest.approx(b, rel=1e-12)
