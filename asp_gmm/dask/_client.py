@@ -80,6 +80,8 @@ class DaskFitResult:
         generation, never per pass.
     weight_total : float
         Sum of ``sample_weight`` (``n_events`` without it).
+    variant : str
+        The covariance configuration the first loop's worker chose (its label).
     """
 
     weights: np.ndarray
@@ -96,6 +98,7 @@ class DaskFitResult:
     restarts: int = 0
     loads: int = 0
     weight_total: float = 0.0
+    variant: str = ""
 
 
 # ------------------------------------------------------------------------------ the local client
@@ -551,6 +554,7 @@ def _em(
         restarts=co.restarts,
         loads=co.loads,
         weight_total=total,
+        variant=str(co.summaries[0].get("variant") or "") if co.summaries else "",
     )
 
 

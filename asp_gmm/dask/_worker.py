@@ -233,6 +233,7 @@ class BlockStore:
             "wsum": {it.b: float(it.w.sum()) for it in self.items} if self.spec.weighted else None,
             "loads": self.loads,
             "variant": getattr(self.plan.config, "label", str(self.plan.config)),
+            "variant_name": getattr(getattr(self.plan.config, "variant", None), "name", None),
         }
 
     # -------------------------------------------------------------- a pass
