@@ -3,6 +3,7 @@ per GPU with 1, 2 and 4 GPUs, against one GPU in-process on the same data.
 
     python benchmarks/multigpu.py [--gpus 1,2,4] [--full 80000000] [--diag 400000000] [--iters 3]
         [--block 1000000] [--inproc-diag 80000000] [--no-inproc] [--backend cuda]
+    python benchmarks/multigpu.py --cpu [--rounds 5] [--iters 3]     # the CPU target, (2M, 19, 16) full
 
 One Dask worker process per GPU (:func:`asp_gmm.dask.gpu_worker_specs`: ``CUDA_VISIBLE_DEVICES``
 per worker, no host memory limit). The data is generated block by block *on the workers* (each block
@@ -194,6 +195,59 @@ def run_inprocess(cases, iters, block, inproc_diag, variants, backend):
     return out
 
 
+def cpu_target(rounds, iters, n):
+    """One Dask worker (all cores) against the in-process pass at (n, 19, 16) full, float32, on this
+    CPU: alternating rounds (in-process, then Dask), the same variant pinned on both, medians."""
+    import dask.array as da
+    from distributed import Client, LocalCluster, wait
+
+    import asp_gmm.dask as agd
+    from asp_gmm import GMM
+
+    Dc, Mc = 19, 16
+    rng = np.random.default_rng(0)
+    c = rng.normal(0, 3, (Mc, Dc))
+    X = (c[rng.integers(0, Mc, n)] + rng.standard_normal((n, Dc))).astype(np.float32)
+    w, mu, cov = np.full(Mc, 1 / Mc), X[:: n // Mc][:Mc].astype(np.float64), np.stack([np.eye(Dc) * 2.0] * Mc)
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    make = lambda v: GMM(Mc, Dc, means=mu, covars=cov, weights=w, cvtype="full", backend="c", variant=v)  # noqa: E731
+    g = make(None)
+    g.train(X, min_em_iters=2, max_em_iters=2, tol=0)
+    variant = g.last_variant.split("(")[0]
+    ins, dks, loads = [], [], []
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            env={"ASP_GMM_NUM_THREADS": str(ncpu)},
+        ) as cl,
+        Client(cl),
+    ):
+        dX = da.from_array(X, chunks=(-(-n // 4), Dc)).persist()
+        wait(dX)
+        kw = dict(M=Mc, cvtype="full", backend="c", variant=variant, weights=w, means=mu, covars=cov, tol=0)
+        agd.fit(dX, min_iters=1, max_iters=1, **kw)  # compiles on the worker
+        for _ in range(rounds):
+            loads.append(os.getloadavg()[0])
+            t = {}
+            for k in (1, 1 + iters):
+                t0 = time.perf_counter()
+                make(variant).train(X, min_em_iters=k, max_em_iters=k, tol=0)
+                t[k] = time.perf_counter() - t0
+            ins.append((t[1 + iters] - t[1]) / iters)
+            r = agd.fit(dX, min_iters=1 + iters, max_iters=1 + iters, **kw)
+            dks.append(per_iter(r.pass_seconds))
+            print(json.dumps(dict(inprocess_ms=1e3 * ins[-1], dask_ms=1e3 * dks[-1], load=loads[-1])), flush=True)
+    ratios = [d / i for d, i in zip(dks, ins)]
+    print(f"\nCPU ({ncpu} cores), (N, D, M) = ({n}, {Dc}, {Mc}) full float32, variant {variant}, {rounds} rounds")
+    print(f"load average (1 min) during the rounds: {min(loads):.1f} to {max(loads):.1f}")
+    print(f"in-process pass     : median {1e3 * statistics.median(ins):8.1f} ms  {[round(1e3 * v) for v in ins]}")
+    print(f"one Dask worker pass: median {1e3 * statistics.median(dks):8.1f} ms  {[round(1e3 * v) for v in dks]}")
+    print(f"Dask / in-process   : median {statistics.median(ratios):.3f}x per round {[round(v, 3) for v in ratios]}")
+
+
 def rel(a, b):
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
@@ -210,7 +264,13 @@ def main():
     ap.add_argument("--backend", default="cuda", help="c: try the script on a CPU (small N)")
     ap.add_argument("--threads", type=int, default=1, help="threads per worker")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "multigpu.json"))
+    ap.add_argument("--cpu", action="store_true", help="the CPU target instead: one Dask worker vs in-process")
+    ap.add_argument("--rounds", type=int, default=5, help="--cpu: alternating rounds")
+    ap.add_argument("--cpu-n", type=int, default=2_000_000, help="--cpu: events")
     a = ap.parse_args()
+    if a.cpu:
+        cpu_target(a.rounds, a.iters, a.cpu_n)
+        return
     cases = [c for c in (("full", a.full), ("diag", a.diag)) if c[1] > 0]
     gpus = [int(v) for v in a.gpus.split(",")]
     results = {}

@@ -12,6 +12,7 @@ generation, so that the client ignores what a loop of an abandoned generation st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import pickle
 from dataclasses import dataclass
@@ -197,11 +198,13 @@ class BlockStore:
         self.plan = streaming.plan(sp, Problem(rows, p.D, p.M, p.cvtype, p.dtype), spec.variant)
         self.cap = int(self.plan.problem.N)
         resident_gpu = self.gpu and not spec.weighted
+        # the C core: one packed state per block (no per-pass packing); others: the streamed runner
+        self.packed = self.backend.name == "c" and not spec.weighted
         if resident_gpu:
             from ._cuda import ResidentCudaRunner
 
             self.runner = ResidentCudaRunner(self.backend, self.plan.problem, self.plan.kernel)
-        elif not spec.weighted:
+        elif not spec.weighted and not self.packed:
             self.runner = self.backend.open_stats(self.plan.problem, self.plan.kernel)
         try:
             for raw, w, b, r0 in zip(blocks, weights, spec.block_ids, spec.starts):
@@ -217,6 +220,12 @@ class BlockStore:
                     if resident_gpu:
                         item.dev = self.runner.upload(host)  # once: every pass reads the device copy
                         item.ptr = int(item.dev)
+                    elif self.packed:
+                        from ._cpu import ResidentCRunner, block_problem
+
+                        item.dev = ResidentCRunner(
+                            self.backend, block_problem(self.plan.problem, item.n), self.plan.kernel, host
+                        )
                 self.loads += 1
                 if w is not None:
                     item.w = _check_weights(w, addr, b, r0, item.n)
@@ -249,6 +258,11 @@ class BlockStore:
             for it in self.items:
                 for a, n in self._pieces(it):
                     st.add_block(self._weighted(it.host[a : a + n], it.w[a : a + n], params))
+            return st
+        if self.packed:
+            for it in self.items:
+                it.dev.set_params(weights, means, covars, reg_covar)
+                st.add_block(it.dev.stats())
             return st
         self.runner.set_params(weights, means, covars, reg_covar)
         if self.gpu:
@@ -302,12 +316,16 @@ class BlockStore:
         return n, s1, s2, rows
 
     def close(self) -> None:
-        for it in self.items:
-            if it.dev is not None and hasattr(it.dev, "free"):
-                try:
-                    it.dev.free()
-                except Exception:  # noqa: BLE001 - the context is gone with the process
-                    pass
+        ses = getattr(self.runner, "session", None)
+        with ses.dev.active() if ses is not None else contextlib.nullcontext():
+            for it in self.items:
+                if it.dev is not None and hasattr(it.dev, "free"):  # an upload (not a CUDA array of X)
+                    try:
+                        it.dev.free()
+                    except Exception:  # noqa: BLE001 - the context is gone with the process
+                        pass
+                elif it.dev is not None and hasattr(it.dev, "close"):  # a packed C state
+                    it.dev.close()
         self.items = []
         if self.runner is not None:
             self.runner.close()
