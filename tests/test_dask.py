@@ -140,6 +140,19 @@ def test_a_worker_killed_mid_loop_changes_nothing(client):
     client.wait_for_workers(2, timeout=30)  # the nanny started a new worker
 
 
+def test_workers_lost_more_often_than_allowed_are_reported(client):
+    dX = da.map_blocks(_generated, seed=6, chunks=((500,) * (N // 500), (D,)), dtype=np.float64, meta=np.empty((0, D)))
+    pids = list(client.run(os.getpid).values())
+
+    def kill(k, ll):
+        if k == 0:
+            os.kill(pids[-1], signal.SIGKILL)
+
+    with pytest.raises(agd.WorkersLostError, match=r"lost 1 times .* raise max_restarts"):
+        fit(dX, callback=kill, max_restarts=0)
+    client.wait_for_workers(2, timeout=30)
+
+
 class Recorded:
     """A block that records every time it is pickled (sent between processes) in ``log``: the
     recording stand-in for a transfer."""

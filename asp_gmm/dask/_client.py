@@ -331,7 +331,10 @@ class _Coordinator:
         self._reader = threading.Thread(target=self._read, name=f"asp-gmm-{self.fit_id}", daemon=True)
         self._reader.start()
         self.summaries = []
-        self._start()
+        try:
+            self._start()
+        except _Lost as lost:
+            self._restart(lost)
 
     def _read(self):
         while True:
@@ -454,16 +457,26 @@ class _Coordinator:
                     q.put(pack((kind, k, payload(ids))))
                 return self._collect(kind, k)
             except _Lost as lost:
-                self.restarts += 1
-                if self.restarts > self.max_restarts:
-                    self._stop()
-                    raise WorkersLostError(
-                        f"Dask workers were lost {self.restarts} times during one fit ({lost}); check the "
-                        "workers' logs (memory limits, GPU errors) or raise max_restarts"
-                    ) from None
-                log.warning("asp_gmm.dask: %s; request %s %s started again on the remaining workers", lost, kind, k)
+                self._restart(lost)
+
+    def _restart(self, lost):
+        """Stop this generation's loops and start new ones where the blocks now live (again while a
+        worker is lost during the start), at most ``max_restarts`` times per fit."""
+        while True:
+            self.restarts += 1
+            if self.restarts > self.max_restarts:
                 self._stop()
+                raise WorkersLostError(
+                    f"Dask workers were lost {self.restarts} times during one fit ({lost}); check the "
+                    "workers' logs (memory limits, GPU errors) or raise max_restarts"
+                ) from None
+            log.warning("asp_gmm.dask: %s; the loops start again on the remaining workers", lost)
+            self._stop()
+            try:
                 self._start()
+                return
+            except _Lost as again:
+                lost = again
 
 
 def _ordered(futs, n):

@@ -167,6 +167,23 @@ def _check_weights(w, addr, b, r0, n) -> np.ndarray:
     return arr
 
 
+def _whole_plan(sp, problem: Problem, variant):
+    """:func:`asp_gmm.streaming.plan` for ``problem`` itself (no cap at the streaming block size): the
+    selection (and tunables) an in-process fit of all of X would get."""
+    from .. import selection
+
+    cands = sp.candidates(problem, variant)
+    choice = sp.policy.choose(sp.backend, problem, cands, pinned=variant is not None, tuning=False)
+    order = [choice.primary] + [c for c in selection.rule_order(sp.backend, cands) if c != choice.primary]
+    for cfg in order:
+        kernel = sp._kernel(cfg, problem, sp.policy, reraise=variant is not None)
+        if kernel is not None:
+            return streaming.StreamPlan(problem, cfg, kernel, choice.reason)
+    from ..errors import KernelError
+
+    raise KernelError("every candidate variant failed to compile; see the warnings above")
+
+
 # ------------------------------------------------------------------------------ the blocks
 @dataclass
 class _Item:
@@ -195,11 +212,14 @@ class BlockStore:
         self.gpu = self.backend.name == "cuda"
         dt = p.np_dtype
         rows = max([int(getattr(x, "shape", (1,))[0]) for x in blocks] + [1])
-        self.plan = streaming.plan(sp, Problem(rows, p.D, p.M, p.cvtype, p.dtype), spec.variant)
-        self.cap = int(self.plan.problem.N)
         resident_gpu = self.gpu and not spec.weighted
         # the C core: one packed state per block (no per-pass packing); others: the streamed runner
         self.packed = self.backend.name == "c" and not spec.weighted
+        if self.packed:  # the configuration an in-process fit of all of X would run
+            self.plan = _whole_plan(sp, p, spec.variant)
+        else:  # blocks of at most the backend's streaming size
+            self.plan = streaming.plan(sp, Problem(rows, p.D, p.M, p.cvtype, p.dtype), spec.variant)
+        self.cap = int(self.plan.problem.N) if not self.packed else rows
         if resident_gpu:
             from ._cuda import ResidentCudaRunner
 
