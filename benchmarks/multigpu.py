@@ -254,11 +254,8 @@ def cpu_target(rounds, iters, n):
                     t[k] = (time.perf_counter() - t0, cpu() - c0)
                 res[name][0].append((t[1 + iters][0] - t[1][0]) / iters)
                 res[name][1].append((t[1 + iters][1] - t[1][1]) / iters)
-            print(
-                json.dumps({f"{k} {u}": 1e3 * v[i][-1] for k, v in res.items() for i, u in ((0, "ms"), (1, "cpu_ms"))})
-                | dict(load=loads[-1]),
-                flush=True,
-            )
+            row = {f"{k} {u}": 1e3 * v[i][-1] for k, v in res.items() for i, u in ((0, "ms"), (1, "cpu_ms"))}
+            print(json.dumps(row | dict(load=loads[-1])), flush=True)
     print(f"\nCPU ({ncpu} cores), (N, D, M) = ({n}, {Dc}, {Mc}) full float32, {rounds} rounds; variants {labels}")
     print(f"load average (1 min) during the rounds: {min(loads):.1f} to {max(loads):.1f}")
     for name, (wall, cput) in res.items():

@@ -352,7 +352,8 @@ class _Coordinator:
         from distributed import Queue, wait
 
         self.gen += 1
-        wait(self.futs + (self.wfuts or []))
+        with self.client.as_current():  # (the local client is nobody's default)
+            wait(self.futs + (self.wfuts or []))
         who = self.client.who_has(self.futs)
         live = sorted(self.client.ncores())
         groups: dict = {}
@@ -405,7 +406,7 @@ class _Coordinator:
         self._stop()
         from distributed import wait
 
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception), self.client.as_current():
             wait([f for _a, f, _q in loops], timeout=10)
         with contextlib.suppress(Exception):
             self.replies.put(pack(("__bye__", -1, -1)))
