@@ -27,7 +27,7 @@ from ._worker import LoopSpec, pack, param_queue, stats_queue, unpack, worker_lo
 log = logging.getLogger("asp_gmm")
 
 #: Seconds between two checks that every loop's worker is still there, while replies are awaited.
-POLL_SECONDS = 0.25
+POLL_SECONDS = 0.5
 
 
 class DaskInputError(ASPGMMError, ValueError):
