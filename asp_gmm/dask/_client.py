@@ -332,9 +332,13 @@ class _Coordinator:
         self._reader.start()
         self.summaries = []
         try:
-            self._start()
-        except _Lost as lost:
-            self._restart(lost)
+            try:
+                self._start()
+            except _Lost as lost:
+                self._restart(lost)
+        except BaseException:
+            self.close()  # (bad data: the loops, the reader and the queues go now)
+            raise
 
     def _read(self):
         while True:

@@ -1,6 +1,6 @@
-"""Resident blocks on a CPU worker: each block packed once into its own C state (the tile layout the
-C core computes on), so that a pass is one ``asp_stats`` call per block, as the in-process session's
-iteration is one loop over its packed data; nothing is copied or checked again per pass."""
+"""Resident rows on a CPU worker: the worker's blocks packed once into one C state (the tile layout
+the C core computes on), so that a pass is one ``asp_stats`` call over all of them, as the in-process
+session's iteration is one loop over its packed data; nothing is copied or checked again per pass."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from ..problem import Problem
 
 
 class ResidentCRunner:
-    """The statistics of one resident block (validated, C-contiguous, of the working dtype) on the C
-    core; the block is packed at creation and never again.
+    """The statistics of resident rows (validated, C-contiguous, of the working dtype) on the C core;
+    they are packed at creation and never again.
 
     Parameters
     ----------
     backend : CBackend
     problem : Problem
-        The block's problem (``N`` = its rows).
+        The rows' problem (``N`` = their number).
     kernel : Kernel
         The covariance variant (the one :func:`asp_gmm.streaming.plan` chose).
     X : ndarray (N, D)

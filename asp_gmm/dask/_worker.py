@@ -213,7 +213,9 @@ class BlockStore:
         dt = p.np_dtype
         rows = max([int(getattr(x, "shape", (1,))[0]) for x in blocks] + [1])
         resident_gpu = self.gpu and not spec.weighted
-        # the C core: one packed state per block (no per-pass packing); others: the streamed runner
+        # the C core: all of this worker's rows packed once into one state, as an in-process session
+        # packs X (a pass is one asp_stats call: no per-pass packing, no per-block OpenMP fork/joins);
+        # others: the streamed runner
         self.packed = self.backend.name == "c" and not spec.weighted
         if self.packed:  # the configuration an in-process fit of all of X would run
             self.plan = _whole_plan(sp, p, spec.variant)
@@ -240,21 +242,30 @@ class BlockStore:
                     if resident_gpu:
                         item.dev = self.runner.upload(host)  # once: every pass reads the device copy
                         item.ptr = int(item.dev)
-                    elif self.packed:
-                        from ._cpu import ResidentCRunner, block_problem
 
-                        item.dev = ResidentCRunner(
-                            self.backend, block_problem(self.plan.problem, item.n), self.plan.kernel, host
-                        )
                 self.loads += 1
                 if w is not None:
                     item.w = _check_weights(w, addr, b, r0, item.n)
                 self.items.append(item)
             if resident_gpu:
                 self.runner.sync()
+            if self.packed:
+                self._pack()
         except BaseException:
             self.close()
             raise
+
+    def _pack(self) -> None:
+        """One C state over the concatenation of the blocks (the blocks become views of it)."""
+        from ._cpu import ResidentCRunner, block_problem
+
+        hosts = [it.host for it in self.items]
+        cat = hosts[0] if len(hosts) == 1 else np.concatenate(hosts)
+        a = 0
+        for it in self.items:
+            it.host = cat[a : a + it.n]
+            a += it.n
+        self.runner = ResidentCRunner(self.backend, block_problem(self.plan.problem, a), self.plan.kernel, cat)
 
     def summary(self) -> dict:
         return {
@@ -280,9 +291,8 @@ class BlockStore:
                     st.add_block(self._weighted(it.host[a : a + n], it.w[a : a + n], params))
             return st
         if self.packed:
-            for it in self.items:
-                it.dev.set_params(weights, means, covars, reg_covar)
-                st.add_block(it.dev.stats())
+            self.runner.set_params(weights, means, covars, reg_covar)
+            st.add_block(self.runner.stats())
             return st
         self.runner.set_params(weights, means, covars, reg_covar)
         if self.gpu:
@@ -344,8 +354,6 @@ class BlockStore:
                         it.dev.free()
                     except Exception:  # noqa: BLE001 - the context is gone with the process
                         pass
-                elif it.dev is not None and hasattr(it.dev, "close"):  # a packed C state
-                    it.dev.close()
         self.items = []
         if self.runner is not None:
             self.runner.close()
