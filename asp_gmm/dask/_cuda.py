@@ -5,8 +5,9 @@ A block is either a CUDA array the Dask array already holds (a CuPy-backed ``das
 where it lies, after one check on the device) or a NumPy block uploaded once (validated on the host
 first) into a device buffer of its rows. Per pass and per piece of at most the runner's capacity,
 the same launches as :class:`asp_gmm.backends.cuda.stream.CudaStatsRunner` run on the session's
-stream: the transpose of the piece's rows (device to device) into the session's event array, the
-E-step, the M-step sums and the covariance variant; the host collects piece k while piece k + 1
+stream: ``asp_upload_chunk`` of the piece's rows (device to device) into the session's event array
+(its NaN flag read back as the streamed runner reads it), the E-step, the M-step sums and the
+covariance variant; the host collects piece k while piece k + 1
 computes, and re-centres its statistics as the streamed runner does.
 """
 
@@ -15,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import cuda_arrays
-from ..backends.cuda.stream import CudaStatsRunner
+from ..backends.cuda.stream import _INT_MAX, CudaStatsRunner
+from ..errors import NonFiniteInputError, StreamError
 
 
 class ResidentCudaRunner(CudaStatsRunner):
@@ -35,6 +37,15 @@ class ResidentCudaRunner(CudaStatsRunner):
         with self.session.dev.active():
             self.drv.Context.synchronize()
 
+    def _collect(self, k: int, n: int):
+        try:
+            return super()._collect(k, n)
+        except NonFiniteInputError:  # (the streamed runner would name a row of its pinned buffer)
+            raise StreamError(
+                f"piece {k} of this worker's resident rows holds NaN or infinity on the device although "
+                "it was checked when loaded: something wrote to X's blocks during the fit"
+            ) from None
+
     def stats_pieces(self, pieces):
         """Statistics of each ``(device pointer, rows)`` piece in turn (rows <= ``problem.N``)."""
         pending = None
@@ -53,16 +64,21 @@ class ResidentCudaRunner(CudaStatsRunner):
         b, s = ses.buf, k % 2
         self._set_rows(n)
         D, ldn = self.problem.D, b.ldn
+        drv.memset_d32_async(self.flag[s], _INT_MAX, 1, b.stream)
         ses._launch(
-            "asp_transpose",
-            ses._fn["asp_transpose"],
+            "asp_upload_chunk",
+            ses._fn["asp_upload_chunk"],
             (-(-D * ldn // 256), 1),
             (256, 1, 1),
             ptr,
             int(ses.xt),
+            np.int32(0),
             np.int32(n),
             np.int32(ldn),
+            np.int32(ldn),
+            int(self.flag[s]),
         )
+        drv.memcpy_dtoh_async(self.res_flag[s], self.flag[s], b.stream)
         mod = self.mod
         ses._reset()
         if mod.fused:
