@@ -136,6 +136,7 @@ def run_dask(n_gpus, cases, iters, block, threads, backend):
                 fit_s=wall,
                 iter_s=per,
                 pass_s=r.pass_seconds,
+                compute_s=r.compute_seconds,
                 loglik=r.loglik,
                 covars=r.covars,
                 events_per_s=n / per,
@@ -250,7 +251,10 @@ def cpu_target(rounds, iters, n):
             r = agd.fit(dX, min_iters=1 + iters, max_iters=1 + iters, **kw)
             dks.append(per_iter(r.pass_seconds))
             labels = {"in-process": gk.last_variant, "Dask": r.variant}
-            print(json.dumps(dict(inprocess_ms=1e3 * ins[-1], dask_ms=1e3 * dks[-1], load=loads[-1])), flush=True)
+            row = dict(
+                inprocess_ms=1e3 * ins[-1], dask_ms=1e3 * dks[-1], dask_worker_ms=1e3 * per_iter(r.compute_seconds)
+            )
+            print(json.dumps(row | dict(load=loads[-1])), flush=True)
     cb.CSession._em = em
     ratios = [d / i for d, i in zip(dks, ins)]
     print(f"\nCPU ({ncpu} cores), (N, D, M) = ({n}, {Dc}, {Mc}) full float32, {rounds} rounds; variants {labels}")

@@ -82,6 +82,9 @@ class DaskFitResult:
         Sum of ``sample_weight`` (``n_events`` without it).
     variant : str
         The covariance configuration the first loop's worker chose (its label).
+    compute_seconds : list of float
+        Per pass, the slowest loop's time in its statistics (the rest of ``pass_seconds`` is
+        communication, the sum and the M-step).
     """
 
     weights: np.ndarray
@@ -99,6 +102,7 @@ class DaskFitResult:
     loads: int = 0
     weight_total: float = 0.0
     variant: str = ""
+    compute_seconds: list = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------ the local client
@@ -520,11 +524,13 @@ def _em(
         if arr.shape != want or not np.isfinite(arr).all():
             raise DaskInputError(f"{name} must be a finite array of shape {want}, got shape {arr.shape}")
     bar = streaming._Progress(progress, N)
+    compute = []
 
     def one_pass(k, w, mu, cv):
         bar.start(k, None)
         t0 = time.perf_counter()
         parts = co.request("pass", k, lambda _ids: (w, mu, cv, reg_covar))
+        compute.append(max(getattr(p, "compute_seconds", 0.0) for p in parts))
         st = parts[0]
         for p in parts[1:]:
             st = st.add(p)
@@ -573,6 +579,7 @@ def _em(
         loads=co.loads,
         weight_total=total,
         variant=str(co.summaries[0].get("variant") or "") if co.summaries else "",
+        compute_seconds=compute,
     )
 
 

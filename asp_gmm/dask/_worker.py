@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import pickle
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -89,7 +90,10 @@ def worker_loop(spec: LoopSpec, *data):
             if kind == "stop":
                 break
             if kind == "pass":
-                send("pass", k, store.stats(*payload))
+                t0 = time.perf_counter()
+                st = store.stats(*payload)
+                st.compute_seconds = time.perf_counter() - t0  # (the client reports the slowest loop's)
+                send("pass", k, st)
             elif kind == "seed":
                 send("seed", k, store.seed_sums(*payload))
         return store.loads
