@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import streaming
 from ..errors import ASPGMMError, NonFiniteError, from_reference
-from ..problem import Problem
+from ..problem import CVTYPES, KERNEL_CVTYPE, Problem, per_component
 from ..reference import NotPositiveDefiniteError, precision_cholesky
 from ._worker import LoopSpec, pack, param_queue, stats_queue, unpack, worker_loop
 
@@ -226,7 +226,9 @@ def fit(
         memory, on its GPU for a GPU worker (a CuPy-backed array is used where it lies).
     M : int
         Components.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
+        ("tied" and "spherical": the workers compute the per-component statistics of "full" and
+        "diag"; the client reduces each M-step to the type)
     dtype : {np.float32, np.float64}
         Working precision of the workers' kernels (statistics are summed in float64).
     weights, means, covars : arrays (M,), (M, D), (M, D, D) or (M, D), optional
@@ -264,8 +266,8 @@ def fit(
     _int_arg("M", M, 1)
     _int_arg("split_every", split_every, 2)
     _int_arg("max_restarts", max_restarts, 0)
-    if cvtype not in ("full", "diag"):
-        raise DaskInputError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+    if cvtype not in CVTYPES:
+        raise DaskInputError(f"cvtype must be one of {', '.join(map(repr, CVTYPES))}, got {cvtype!r}")
     _int_arg("min_iters", min_iters, 0)
     _int_arg("max_iters", max_iters, 0)
     if not (isinstance(tol, numbers.Real) and tol >= 0):
@@ -289,7 +291,7 @@ def fit(
             client = get_client()
         except ValueError:
             client = _local_client()
-    problem = Problem(N, D, M, cvtype, dt.name)
+    problem = Problem(N, D, M, KERNEL_CVTYPE[cvtype], dt.name)  # the workers' per-component statistics
     t_start = time.perf_counter()
     co = _Coordinator(client, X, sw, problem, backend, variant, max_restarts)
     try:
@@ -297,6 +299,7 @@ def fit(
             co,
             X,
             problem,
+            cvtype,
             weights,
             means,
             covars,
@@ -499,9 +502,23 @@ def _ordered(futs, n):
 
 # ------------------------------------------------------------------------------ the EM loop
 def _em(
-    co, X, problem, weights, means, covars, reg_covar, min_iters, max_iters, tol, seed, progress, callback, t_start
+    co,
+    X,
+    problem,
+    cvtype,
+    weights,
+    means,
+    covars,
+    reg_covar,
+    min_iters,
+    max_iters,
+    tol,
+    seed,
+    progress,
+    callback,
+    t_start,
 ):
-    N, D, M, cvtype = problem.N, problem.D, problem.M, problem.cvtype
+    N, D, M = problem.N, problem.D, problem.M
     wsum = None
     if co.wfuts is not None:
         per_block = {}
@@ -513,13 +530,14 @@ def _em(
     total = float(wsum.sum()) if wsum is not None else float(N)
     if weights is None or means is None or covars is None:
         w0, mu0, cv0 = _seed(co, X, problem, reg_covar, seed, wsum)
+        cv0 = streaming.seeded_as(cv0, cvtype)
         weights = w0 if weights is None else weights
         means = mu0 if means is None else means
         covars = cv0 if covars is None else covars
     w = np.array(weights, np.float64)
     mu = np.array(means, np.float64)
     cv = np.array(covars, np.float64)
-    shape = (M, D, D) if cvtype == "full" else (M, D)
+    shape = Problem(N, D, M, cvtype).covars_shape()
     for name, arr, want in (("weights", w, (M,)), ("means", mu, (M, D)), ("covars", cv, shape)):
         if arr.shape != want or not np.isfinite(arr).all():
             raise DaskInputError(f"{name} must be a finite array of shape {want}, got shape {arr.shape}")
@@ -542,18 +560,18 @@ def _em(
         bar.end(k, st, k)
         return st, time.perf_counter() - t0
 
-    st, sec = one_pass(0, w, mu, cv)
+    st, sec = one_pass(0, w, mu, per_component(cv, cvtype, M, D))
     if callback is not None:
         callback(0, st.loglik)
     ll, trace, secs, iters, converged = st.loglik, [st.loglik], [sec], 0, False
     while iters < max_iters:
         t0 = time.perf_counter()
-        w, mu, cv = st.mstep(mu, cv, reg_covar)
+        w, mu, cv = streaming.reduced_mstep(st, mu, per_component(cv, cvtype, M, D), reg_covar, cvtype)
         try:  # NotPositiveDefiniteError here, not on every worker
-            precision_cholesky(cv, cvtype, reg_covar)
+            precision_cholesky(cv, cvtype, reg_covar, n_features=D)
         except NotPositiveDefiniteError as exc:
             raise from_reference(exc) from None
-        st, sec = one_pass(iters + 1, w, mu, cv)
+        st, sec = one_pass(iters + 1, w, mu, per_component(cv, cvtype, M, D))
         iters += 1
         secs.append(time.perf_counter() - t0)  # the M-step and the pass
         trace.append(st.loglik)
