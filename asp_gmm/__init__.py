@@ -11,8 +11,15 @@ import importlib.util as _importlib_util
 
 from ._version import __version__  # noqa: F401  (setup.cfg's version, read from the installed metadata)
 
-from .errors import ASPGMMError, CompileError, NonFiniteError, NotPositiveDefiniteError  # noqa: E402,F401
+from .errors import (  # noqa: E402,F401
+    ASPGMMError,
+    BatchMemberError,
+    CompileError,
+    NonFiniteError,
+    NotPositiveDefiniteError,
+)
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
+from .many import compute_distance_BIC_many, prepare_many, score_many, train_many  # noqa: E402
 
 
 def _sklearn_installed() -> bool:
@@ -29,7 +36,12 @@ __all__ = [
     "compute_distance_BIC",
     "prepare",
     "freeze",
+    "train_many",
+    "score_many",
+    "compute_distance_BIC_many",
+    "prepare_many",
     "ASPGMMError",
+    "BatchMemberError",
     "CompileError",
     "NonFiniteError",
     "NotPositiveDefiniteError",

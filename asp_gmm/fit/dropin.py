@@ -120,7 +120,7 @@ def fit_large(est, X, sample_weight=None):
             "parameters, or increase max_iter, tol, or check for degenerate data.",
             ConvergenceWarning,
         )
-    est._set_parameters((r2.weights, r2.means, r2.covars), dt)
+    est._store((r2.weights, r2.means, r2.covars), dt)
     est.converged_ = bool(r1.converged)
     est.n_iter_ = int(r1.iters + 1) if est.max_iter else 0
     est.lower_bound_ = lbs[-1]

@@ -4,6 +4,7 @@ exploration, the exploration budget and the E-step choice."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from ..errors import KernelError
 from ..problem import Problem
@@ -12,6 +13,8 @@ from .history import HistorySelector
 from .index import problem_class
 from . import plan as _plan
 from .plan import ESTEP_PREFERENCE, EXPLORE_FRACTION, SAMPLE_MIN, Plan, RuleSelector, Selector, rule_order
+
+log = logging.getLogger("asp_gmm")
 
 
 # ---------------------------------------------------------------------------------- the policy
@@ -175,12 +178,17 @@ class Policy:
         sel = self.selector
         if not isinstance(sel, HistorySelector):
             return None
+        history = None
         try:
             history = sel.history()
             if history is None:
                 return None
             idx = sel.index(backend, history)
-        except Exception:  # noqa: BLE001 - a broken history must not break the E-step choice
+        except Exception as exc:  # noqa: BLE001 - a broken history must not break the E-step choice
+            if history is not None:
+                sel._disable(history, exc)  # as plan() does: stop using it, warn once
+            else:
+                log.warning("asp_gmm: the tuning history could not be opened (%s); E-step by the default order", exc)
             return None
         measured = idx.classes.get(problem_class(problem), {})
         if not measured:
