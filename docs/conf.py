@@ -103,6 +103,8 @@ sphinx_gallery_conf = {
     "image_scrapers": ("matplotlib",),
     "show_memory": False,
     "plot_gallery": "True",
+    # ASP_GMM_DOCS_RERUN=1 (the test suite) runs every example again, even where its output is there
+    "run_stale_examples": os.environ.get("ASP_GMM_DOCS_RERUN", "") not in ("", "0"),
 }
 
 # -- HTML -----------------------------------------------------------------------------------------

@@ -63,9 +63,13 @@ def public_page() -> str:
     for heading, items in public_groups().items():
         lines += [_title(heading, "-"), ""]
         for template in sorted({t for _, t in items}):
-            lines += [".. autosummary::", f"   :toctree: {Path(GENERATED).name}", f"   :template: {template}", ""]
-            lines += [f"   {name}" for name, t in items if t == template]
-            lines.append("")
+            # the templates are docs/_templates/autosummary/*.rst (members listed, troubleshooting linked)
+            lines += [
+                ".. autosummary::",
+                f"   :toctree: {Path(GENERATED).name}",
+                f"   :template: autosummary/{template}",
+            ]
+            lines += [""] + [f"   {name}" for name, t in items if t == template] + [""]
     return "\n".join(lines)
 
 
