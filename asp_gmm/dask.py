@@ -229,6 +229,16 @@ def fit(
     Returns
     -------
     DaskFitResult
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import numpy as np
+    >>> import asp_gmm.dask
+    >>> X = np.concatenate([np.random.default_rng(0).normal(m, 1, (500, 2)) for m in (0, 6)])
+    >>> r = asp_gmm.dask.fit(da.from_array(X, chunks=(250, 2)), M=2, cvtype="diag", client=False)
+    >>> r.means.shape, r.covars.shape
+    ((2, 2), (2, 2))
     """
     dask, da = _dask()
     for name, val in (("M", M), ("split_every", split_every)):

@@ -348,6 +348,18 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     -----
     ``verbose`` output of the compiled types is printed after each run of the compiled loop, from
     its log-likelihood trace (the per-iteration time shown is the run's average).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from asp_gmm import GaussianMixture
+    >>> X = np.concatenate([np.random.default_rng(0).normal(m, 1, (200, 2)) for m in (0, 6)])
+    >>> gm = GaussianMixture(n_components=2, random_state=0).fit(X)
+    >>> np.sort(gm.means_[:, 0]).round().astype(int).tolist()
+    [0, 6]
+    >>> labels = gm.predict([[0.0, 0.0], [6.0, 6.0]])
+    >>> bool(labels[0] != labels[1])
+    True
     """
 
     if StrOptions is not None:
