@@ -86,7 +86,7 @@ def cli_page() -> str:
     from asp_gmm.cli import build_parser
 
     old = os.environ.get("COLUMNS")
-    os.environ["COLUMNS"] = "100"  # argparse wraps its help to the terminal's width
+    os.environ["COLUMNS"] = "80"  # argparse wraps its help to the terminal's width
     try:
         parsers = list(_subcommands(build_parser()))
         helps = [(p.prog, p.format_help()) for p in parsers]
