@@ -48,6 +48,19 @@ numpydoc_show_class_members = False  # the class template lists members with :me
 numpydoc_class_members_toctree = False
 numpydoc_validation_checks = set()
 
+
+def _skip_member(app, what, name, obj, skip, options):
+    """Leave out scikit-learn's generated metadata-routing methods (``set_fit_request``...): their
+    docstrings point into scikit-learn's own glossary, and they are scikit-learn's, not ours."""
+    if name.startswith("set_") and name.endswith("_request"):
+        return True
+    return None
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", _skip_member)
+
+
 # -- Markdown (docs/architecture.md, docs/performance.md) ------------------------------------------
 myst_heading_anchors = 3
 # The notes link to files of the repository (../README.md, asp_gmm/...), which are not pages here.
