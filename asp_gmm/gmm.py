@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import cuda_arrays, frozen, streaming
-from .errors import StreamError
+from .errors import NonFiniteInputError, StreamError
 from .blas import one_blas_thread
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import Problem
@@ -30,13 +30,17 @@ def _as_dtype(dtype) -> np.dtype:
     return dt
 
 
-def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", method: str = "train") -> np.ndarray:
+def check_data(
+    X, D: int | None, dtype, min_events: int = 1, name: str = "X", method: str = "train", device_checks: bool = False
+) -> np.ndarray:
     """Validate and return X as a C-contiguous (N, D) array of ``dtype``; messages name ``method``
     (the public call that got X: "train", "score", "eval", "predict").
 
     Integer, boolean, complex or object arrays are refused (convert explicitly); float arrays of the
     other precision and non-contiguous arrays are converted (a copy). NaN and infinity are looked for
-    on every call, except in an immutable array (:func:`asp_gmm.freeze`) already checked.
+    on every call, except in an immutable array (:func:`asp_gmm.freeze`) already checked, and
+    except with ``device_checks``: the CUDA backend checks X on the GPU while uploading it
+    (:mod:`asp_gmm.backends.cuda.staging`) and raises :class:`~asp_gmm.errors.NonFiniteInputError`.
     """
     call = f"{method}()"
     if X is None:
@@ -67,8 +71,8 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
     given = arr
     with np.errstate(over="ignore"):
         arr = np.ascontiguousarray(arr, dtype=dtype)
-    if _FINITE.get(arr):
-        return arr  # immutable and already checked: scoring one data set under many models
+    if device_checks or _FINITE.get(arr):
+        return arr  # checked on the GPU; or immutable and already checked (many models, one data set)
     bad = _first_non_finite(arr)
     if bad is not None:
         if given.dtype != arr.dtype and np.isfinite(given[bad]):
@@ -83,6 +87,16 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
         )
     _FINITE.put(arr, True)
     return arr
+
+
+@contextlib.contextmanager
+def _naming_call(method: str, X=None):
+    """A NaN/inf the backend found in X while uploading it is reported naming the public call (and
+    the row in X, also when the backend was checking a sample of X's rows)."""
+    try:
+        yield
+    except NonFiniteInputError as exc:
+        raise exc.for_call(method, X if isinstance(X, np.ndarray) else None) from None
 
 
 _FINITE = frozen.Memo()
@@ -236,9 +250,10 @@ class GMM:
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
 
-    def _cuda_data(self, X, method: str, min_events: int = 1):
+    def _cuda_data(self, X, method: str, min_events: int = 1, check: bool = True):
         """A CUDA array (PyTorch, CuPy, ``__cuda_array_interface__``/DLPack) checked like
-        :func:`check_data`, on its device, in the model's dtype (converted there if needed)."""
+        :func:`check_data`, on its device, in the model's dtype (converted there if needed). Without
+        ``check`` the values are not looked at here: the session's transpose checks them."""
         X = cuda_arrays.in_dtype(X, self.dtype)
         info = cuda_arrays.describe(X)
         shape = info["shape"]
@@ -257,7 +272,7 @@ class GMM:
                 f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer "
                 "components or more data"
             )
-        bad = cuda_arrays.first_non_finite(X)
+        bad = cuda_arrays.first_non_finite(X) if check else None
         if bad is not None:
             raise ValueError(
                 f"X contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); remove or impute "
@@ -395,17 +410,37 @@ class GMM:
         if not (isinstance(tol, numbers.Real) and tol >= 0):
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
         if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
-            X = self._cuda_data(X, "train", self.M)  # used where it lies
+            X = self._cuda_data(X, "train", self.M, check=not self._device_checks(seeding=True))  # used where it lies
             N = self._seed_device(X)
         elif streaming.is_source(X):
             X, N = self._seed_stream(X)
         else:
             if cuda_arrays.is_cuda_array(X):  # another backend than CUDA: its data lives on the host
                 X = cuda_arrays.to_host(X)
-            X = check_data(X, self.D, self.dtype, self.M)
+            X = check_data(X, self.D, self.dtype, self.M, device_checks=self._device_checks(seeding=True))
             self._seed(X)
             N = X.shape[0]
-        res = self._specializer.train(
+        with _naming_call("train", X):
+            res = self._train_specialized(X, N, min_em_iters, max_em_iters, tol, progress)
+        N = res.n_events or N
+        self.weights = res.weights.astype(self.dtype)
+        self.means = res.means.astype(self.dtype)
+        self.covars = res.covars.astype(self.dtype)
+        self.loglik, self.n_events = res.loglik, N
+        self.n_iter, self.converged, self.last_variant = res.iters, res.converged, res.variant
+        self.last_train = res
+        return res.loglik
+
+    def _device_checks(self, seeding: bool = False) -> bool:
+        """Whether the backend checks host data for NaN/inf itself (the CUDA backend, on the GPU,
+        while uploading it): then the Face makes no host pass. Not while seeding, which reads X on
+        the host first."""
+        if self.backend != "cuda":
+            return False
+        return not seeding or (self.means is not None and self.covars is not None and self.weights is not None)
+
+    def _train_specialized(self, X, N, min_em_iters, max_em_iters, tol, progress):
+        return self._specializer.train(
             X,
             *self._params64(),
             self._problem(N),
@@ -416,14 +451,6 @@ class GMM:
             self.variant,
             progress,
         )
-        N = res.n_events or N
-        self.weights = res.weights.astype(self.dtype)
-        self.means = res.means.astype(self.dtype)
-        self.covars = res.covars.astype(self.dtype)
-        self.loglik, self.n_events = res.loglik, N
-        self.n_iter, self.converged, self.last_variant = res.iters, res.converged, res.variant
-        self.last_train = res
-        return res.loglik
 
     def eval(self, X: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Per-event log-likelihood and posteriors.
@@ -449,14 +476,19 @@ class GMM:
 
     def _evaluate(self, X, method: str, want_resp: bool):
         if cuda_arrays.is_cuda_array(X) and self.backend == "cuda":
-            X = self._cuda_data(X, method)
+            X = self._cuda_data(X, method, check=not self._device_checks())
             N = cuda_arrays.describe(X)["shape"][0]
         else:
             X = check_data(
-                cuda_arrays.to_host(X) if cuda_arrays.is_cuda_array(X) else X, self.D, self.dtype, method=method
+                cuda_arrays.to_host(X) if cuda_arrays.is_cuda_array(X) else X,
+                self.D,
+                self.dtype,
+                method=method,
+                device_checks=self._device_checks(),
             )
             N = X.shape[0]
-        return self._specializer.evaluate(X, *self._params64(method), self._problem(N), self.reg_covar, want_resp)
+        with _naming_call(method, X):
+            return self._specializer.evaluate(X, *self._params64(method), self._problem(N), self.reg_covar, want_resp)
 
     def __repr__(self):
         return f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, backend={self.backend!r})"

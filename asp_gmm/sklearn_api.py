@@ -75,6 +75,7 @@ except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
 from . import cuda_arrays, streaming
+from .array_api import follows_input_namespace
 from . import reference as ref
 from .errors import BackendUnavailableError, NotPositiveDefiniteError, VariantNotApplicableError
 from .problem import Problem
@@ -433,6 +434,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return state
 
     # ------------------------------------------------------------------------------ fitting
+    @follows_input_namespace(fits=True)
     def fit(self, X, y=None) -> "GaussianMixture":
         """Estimate the parameters with the EM algorithm (see
         :meth:`sklearn.mixture.GaussianMixture.fit`).
@@ -554,6 +556,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self.lower_bounds_ = lbs
         self.n_features_in_ = D
 
+    @follows_input_namespace(fits=True)
     def partial_fit(self, X, y=None):
         """One step of stepwise online EM on the batch X, for streams that cannot be read twice.
 
@@ -626,6 +629,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             self.lower_bounds_.append(st.loglik)
         return self
 
+    @follows_input_namespace(fits=True)
     def fit_predict(self, X, y=None):
         """Fit, then return the most likely component of each event of X (always equal to
         ``fit(X).predict(X)``)."""
@@ -854,29 +858,34 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         lpn, resp = _estep(np.asarray(X, np.float64), w, mu, np.asarray(self.precisions_cholesky_, np.float64), cvtype)
         return lpn.astype(dt, copy=False), (resp.astype(dt, copy=False) if want_resp else None)
 
+    @follows_input_namespace()
     def score_samples(self, X):
         """Log-likelihood of each event, (n_samples,)."""
         check_is_fitted(self)
         X = _validate_data(self, X, False)
         return self._estimate(X, want_resp=False)[0]
 
+    @follows_input_namespace()
     def score(self, X, y=None):
         """Mean log-likelihood of the events of X, averaged in the working precision (as
         scikit-learn does: float32 for float32 models)."""
         return self.score_samples(X).mean()
 
+    @follows_input_namespace()
     def predict(self, X):
         """Most likely component of each event, (n_samples,) of int."""
         check_is_fitted(self)
         X = _validate_data(self, X, False)
         return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
 
+    @follows_input_namespace()
     def predict_proba(self, X):
         """Posterior probability of each component for each event, (n_samples, n_components)."""
         check_is_fitted(self)
         X = _validate_data(self, X, False)
         return self._estimate(X, want_resp=True)[1]
 
+    @follows_input_namespace(of_fitted=True)
     def sample(self, n_samples=1):
         """Random events from the fitted mixture: ``(X (n_samples, n_features), y (n_samples,))``
         (scikit-learn's algorithm and random stream)."""
@@ -912,10 +921,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         ]
         return int(cov_params + D * M + M - 1)
 
+    @follows_input_namespace()
     def bic(self, X):
         """Bayesian information criterion of the model on X (lower is better)."""
         return -2 * self.score(X) * X.shape[0] + self._n_parameters() * math.log(X.shape[0])
 
+    @follows_input_namespace()
     def aic(self, X):
         """Akaike information criterion of the model on X (lower is better)."""
         return -2 * self.score(X) * X.shape[0] + 2 * self._n_parameters()

@@ -47,7 +47,7 @@ import numpy as np
 
 from . import config, cuda_arrays
 from . import reference as ref
-from .errors import NonFiniteError, SettingError, StreamError
+from .errors import NonFiniteError, NonFiniteInputError, SettingError, StreamError
 from .problem import Problem
 
 log = logging.getLogger("asp_gmm")
@@ -239,9 +239,10 @@ def _ordinal(k: int) -> str:
     return f"{k}{suf}"
 
 
-def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarray:
+def check_chunk(chunk, index: int, start: int, D: int | None, dtype, check_finite: bool = True) -> np.ndarray:
     """Validate chunk ``index`` (0-based) that starts at global row ``start``; return it as a
-    C-contiguous ``(n, D)`` array of ``dtype``. Errors name the chunk and the row."""
+    C-contiguous ``(n, D)`` array of ``dtype``. Errors name the chunk and the row. Without
+    ``check_finite`` the values are not looked at (the runner checks them on the device)."""
     where = f"the {_ordinal(index + 1)} chunk of the source (chunk index {index}, from row {start})"
     if cuda_arrays.is_cuda_array(chunk):  # a CUDA array beyond the device budget: streamed via the host
         chunk = cuda_arrays.to_host(chunk)
@@ -261,6 +262,8 @@ def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarr
         )
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=dtype)
+    if not check_finite:
+        return out
     ok = np.isfinite(out)
     if not ok.all():
         r, c = divmod(int(np.argmin(ok.reshape(-1))), out.shape[1])
@@ -282,24 +285,34 @@ def blocks(
     expect_rows: int | None = None,
     first_chunk: int = 0,
     first_row: int = 0,
+    check_finite: bool = True,
+    pieces: bool = False,
 ):
     """Yield ``(start_row, block)`` with every block but the last of exactly ``block_rows`` rows,
     copied from the source's chunks (validated by :func:`check_chunk`; messages count chunks from
     ``first_chunk`` and rows from ``first_row``, for a source that is part of a larger one). The
-    block buffer is reused: use each block before asking for the next."""
+    block buffer is reused: use each block before asking for the next. With ``pieces`` a block is
+    the list of its row pieces (views of the chunks, no copy; only for sources whose chunks stay
+    valid, such as :class:`ArraySource`); ``check_finite`` as in :func:`check_chunk`."""
     buf = None
     fill, total, index = 0, 0, -1
     for index, chunk in enumerate(source.chunks()):
-        arr = check_chunk(chunk, first_chunk + index, first_row + total, D, dtype)
+        arr = check_chunk(chunk, first_chunk + index, first_row + total, D, dtype, check_finite)
         if D is None:
             D = arr.shape[1]
         if buf is None:
-            buf = np.empty((block_rows, D), dtype)
+            buf = [] if pieces else np.empty((block_rows, D), dtype)
         pos = 0
         while pos < arr.shape[0]:
             take = min(block_rows - fill, arr.shape[0] - pos)
             if fill == 0 and take == block_rows:  # a whole block inside the chunk: no copy
-                yield total + pos - fill, arr[pos : pos + take]
+                yield total + pos - fill, [arr[pos : pos + take]] if pieces else arr[pos : pos + take]
+            elif pieces:
+                buf.append(arr[pos : pos + take])
+                fill += take
+                if fill == block_rows:
+                    yield total + pos + take - fill, buf
+                    buf, fill = [], 0
             else:
                 buf[fill : fill + take] = arr[pos : pos + take]
                 fill += take
@@ -309,7 +322,7 @@ def blocks(
             pos += take
         total += arr.shape[0]
     if fill:
-        yield total - fill, buf[:fill]
+        yield total - fill, buf if pieces else buf[:fill]
     if total == 0:
         raise StreamError(
             "the chunk source yielded no rows"
@@ -558,11 +571,34 @@ def pass_stats(
     """One pass over ``source``: the statistics of every block under the given parameters."""
     runner.set_params(weights, means, covars, reg_covar)
     st = SuffStats(problem.M, problem.D, problem.cvtype, means)
-    rows = (blk for _start, blk in blocks(source, problem.D, problem.np_dtype, runner.problem.N, expect_rows))
-    for bs in runner.stats_many(rows):
-        st.add_block(bs)
-        if progress is not None:
-            progress.advance(bs.n)
+    on_device = getattr(runner, "checks_finite", False)  # NaN/inf found by the runner (the GPU)
+    starts = []
+
+    def rows():
+        for start, blk in blocks(
+            source,
+            problem.D,
+            problem.np_dtype,
+            runner.problem.N,
+            expect_rows,
+            check_finite=not on_device,
+            pieces=on_device and isinstance(source, ArraySource),
+        ):
+            starts.append(start)
+            yield blk
+
+    try:
+        for bs in runner.stats_many(rows()):
+            st.add_block(bs)
+            if progress is not None:
+                progress.advance(bs.n)
+    except NonFiniteInputError as exc:
+        row = starts[exc.block] + exc.row if getattr(exc, "block", None) is not None else exc.row
+        what = f"values beyond the {exc.beyond} range" if exc.beyond else "NaN or infinity"
+        raise StreamError(
+            f"X has {what} at row {row}, column {exc.column}; remove or impute those events"
+            + (" or use dtype=np.float64" if exc.beyond else "")
+        ) from None
     if not math.isfinite(st.loglik):
         raise NonFiniteError(
             f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer "

@@ -166,6 +166,9 @@ class _OpenHistories:
             h._pending.clear()  # the parent writes its own queue
             h._engine.dispose(close=False)  # never share the parent's connections
             h._lock = threading.RLock()
+            h._qlock = threading.Lock()
+            if h._writer is not None:
+                h._writer.after_fork_in_child()
 
 
 _registry_instance: _OpenHistories | None = None
@@ -200,6 +203,9 @@ class History:
         Write policy (see the module documentation).
     refresh_interval : float
         How stale an in-memory :meth:`view` may get before rows written by other processes are read.
+    background : bool
+        Write the batches on a thread of the history's own (:mod:`tuning_db.writer`), so that
+        :meth:`record` never waits for a commit; the package's shared history is opened so.
 
     Raises
     ------
@@ -216,6 +222,7 @@ class History:
         flush_interval: float = 1.0,
         refresh_interval: float = 5.0,
         keep_per_class: int = KEEP_PER_CLASS,
+        background: bool = False,
     ):
         self.url = url or default_url()
         self.keep_per_class = keep_per_class
@@ -223,7 +230,9 @@ class History:
             self.url = "sqlite:///" + str(Path(self.url).expanduser().absolute())
         self.package_version = package_version
         self.batch_rows, self.flush_interval, self.refresh_interval = batch_rows, flush_interval, refresh_interval
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the database and the caches of ids
+        self._qlock = threading.Lock()  # the queue alone: record() never waits for a write
+        self._writer = None
         self._pending: list = []
         self._last_flush = time.monotonic()  # a batch starts when the history is opened
         self._views: dict = {}
@@ -243,6 +252,10 @@ class History:
         self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
         self._engine = self._make_engine(u)
         self._open()
+        if background:
+            from .writer import Writer
+
+            self._writer = Writer(self)
         _registry().histories.add(self)
 
     # ------------------------------------------------------------------ opening
@@ -464,21 +477,32 @@ class History:
             threads=None if threads is None else int(threads),
             sampled_from=None if sampled_from is None else int(sampled_from),
         )
-        with self._lock:
+        with self._qlock:
             if device_id not in self._fingerprints:
                 self._fingerprints[device_id] = dict(fingerprint)
             self._pending.append(row)
             view = self._views.get(device_id)
             if view is not None:
                 view._add(row)
-            if len(self._pending) >= self.batch_rows or time.monotonic() - self._last_flush >= self.flush_interval:
-                self.flush()
+            due = len(self._pending) >= self.batch_rows or time.monotonic() - self._last_flush >= self.flush_interval
+        if due:
+            self._flush_soon()
         return row
 
     def maybe_flush(self) -> None:
-        """Flush when rows are queued and the last write is older than ``flush_interval``."""
+        """Flush when rows are queued and the last write is older than ``flush_interval`` (with
+        ``background``, on the writer's thread; its last error, if any, is raised here)."""
+        if self._writer is not None:
+            self._writer.raise_pending()
         if self._pending and time.monotonic() - self._last_flush >= self.flush_interval:
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if self._writer is None:
             self.flush()
+        else:
+            self._writer.raise_pending()
+            self._writer.request()
 
     @property
     def pending(self) -> int:
@@ -486,13 +510,15 @@ class History:
 
     def flush(self) -> int:
         """Write the queued rows in one transaction; return how many."""
-        with self._lock:
-            rows = list(self._pending)
+        with self._lock:  # one writer at a time (the writer's thread, exit, explicit calls)
+            with self._qlock:
+                rows = list(self._pending)
             if not rows:
                 self._last_flush = time.monotonic()
                 return 0
             self._run(lambda: self._insert(rows, skip_existing=False, bound=True), "write to")
-            del self._pending[: len(rows)]
+            with self._qlock:  # rows queued meanwhile stay (only flushes remove from the front)
+                del self._pending[: len(rows)]
             self._last_flush = time.monotonic()
             return len(rows)
 
@@ -750,7 +776,7 @@ class History:
             v = self._views.get(device_id)
             if v is None:
                 v = self._views[device_id] = DeviceView(device_id)
-                for r in self._pending:
+                for r in list(self._pending):
                     if r.device_id == device_id:
                         v._add(r)
             if not v.max_id and not v.loaded_at:
