@@ -17,13 +17,13 @@ import asp_gmm.dask
 from asp_gmm import GMM
 
 rng = np.random.default_rng(2)
-M, D, N = 4, 6, 100_000
+M, D, N = 4, 6, 60_000
 centres = rng.normal(0, 4, (M, D))
 X = centres[rng.integers(0, M, N)] + rng.normal(size=(N, D))
 
 if __name__ == "__main__":  # Dask starts its worker processes by importing the main module anew
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster):
-        Xd = da.from_array(X, chunks=(25_000, D)).persist()  # four row blocks, spread over the workers
+        Xd = da.from_array(X, chunks=(15_000, D)).persist()  # four row blocks, spread over the workers
         r = asp_gmm.dask.fit(Xd, M=M, cvtype="diag", dtype=np.float64, max_iters=10, tol=0.0)
         print(f"{r.iters} passes, log-likelihood {r.loglik:.2f}")
         print("seconds per pass:", np.round(r.pass_seconds, 3))

@@ -15,12 +15,12 @@ from asp_gmm import GaussianMixture
 rng = np.random.default_rng(3)
 true_M, D = 4, 3
 centres = rng.normal(0, 5, (true_M, D))
-X = np.concatenate([c + rng.normal(size=(1500, D)) @ rng.normal(0, 0.6, (D, D)) for c in centres])
+X = np.concatenate([c + rng.normal(size=(1000, D)) @ rng.normal(0, 0.6, (D, D)) for c in centres])
 
 orders = range(1, 9)
 bic = {}
 for cvtype in ("full", "diag"):
-    bic[cvtype] = [GaussianMixture(M, covariance_type=cvtype, n_init=2, random_state=0).fit(X).bic(X) for M in orders]
+    bic[cvtype] = [GaussianMixture(M, covariance_type=cvtype, random_state=0).fit(X).bic(X) for M in orders]
     best = orders[int(np.argmin(bic[cvtype]))]
     print(f"{cvtype}: lowest BIC at M = {best}")
 
