@@ -8,6 +8,7 @@ attributes, so it goes wherever ``sklearn.mixture.GaussianMixture`` goes: here b
 change is the import.
 """
 
+import matplotlib.pyplot as plt
 import numpy as np
 from sklearn.datasets import load_iris
 from sklearn.metrics import adjusted_rand_score
@@ -22,6 +23,15 @@ X, species = load_iris(return_X_y=True)
 pipe = make_pipeline(StandardScaler(), GaussianMixture(n_components=3, random_state=0))
 labels = pipe.fit(X).predict(X)
 print(f"agreement of the 3 clusters with the species (adjusted Rand index): {adjusted_rand_score(species, labels):.3f}")
+
+fig, axes = plt.subplots(1, 2, figsize=(8, 3.5), sharey=True)
+for ax, colour, title in ((axes[0], species, "species"), (axes[1], labels, "clusters of the pipeline")):
+    ax.scatter(X[:, 2], X[:, 3], c=colour, cmap="viridis", s=12)
+    ax.set_title(title)
+    ax.set_xlabel("petal length (cm)")
+axes[0].set_ylabel("petal width (cm)")
+fig.tight_layout()
+plt.show()
 
 # %%
 # ``GridSearchCV`` clones the estimator for every fold and ranks the candidates by its ``score``

@@ -10,6 +10,7 @@ The iterations are those of the in-memory fit: the answers agree to rounding.
 import tempfile
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from asp_gmm import GMM
@@ -39,6 +40,18 @@ in_memory.train(X, min_em_iters=5, max_em_iters=5)
 print("variant:", in_memory.last_variant)
 print("largest difference of the means:", float(np.abs(on_disk.means - in_memory.means).max()))
 print("largest difference of the covariances:", float(np.abs(on_disk.covars - in_memory.covars).max()))
+
+
+# %%
+# The log-likelihood after each iteration, the same for both.
+fig, ax = plt.subplots(figsize=(5.5, 3.5))
+ax.plot(np.array(on_disk.last_train.loglik_trace) / N, "o-", label="memmap (streamed)")
+ax.plot(np.array(in_memory.last_train.loglik_trace) / N, "x--", ms=9, label="in memory")
+ax.set_xlabel("EM iteration")
+ax.set_ylabel("log-likelihood per event")
+ax.legend()
+fig.tight_layout()
+plt.show()
 
 del Xm
 folder.cleanup()

@@ -10,6 +10,7 @@ worker per GPU, :func:`asp_gmm.dask.gpu_cluster`) the code is the same.
 """
 
 import dask.array as da
+import matplotlib.pyplot as plt
 import numpy as np
 from distributed import Client, LocalCluster
 
@@ -22,7 +23,7 @@ centres = rng.normal(0, 4, (M, D))
 X = centres[rng.integers(0, M, N)] + rng.normal(size=(N, D))
 
 if __name__ == "__main__":  # Dask starts its worker processes by importing the main module anew
-    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None) as cluster, Client(cluster):
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster):
         Xd = da.from_array(X, chunks=(15_000, D)).persist()  # four row blocks, spread over the workers
         r = asp_gmm.dask.fit(Xd, M=M, cvtype="diag", dtype=np.float64, max_iters=10, tol=0.0)
         print(f"{r.iters} passes, log-likelihood {r.loglik:.2f}")
@@ -33,3 +34,12 @@ if __name__ == "__main__":  # Dask starts its worker processes by importing the 
     ll = g.train(X, min_em_iters=10, max_em_iters=10, tol=0.0)
     print(f"in process: log-likelihood {ll:.2f}")
     print("largest difference of the means:", float(np.abs(r.means - g.means).max()))
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot(np.array(r.loglik_trace) / N, "o-", label="asp_gmm.dask.fit, 2 workers")
+    ax.plot(np.array(g.last_train.loglik_trace) / N, "x--", ms=9, label="GMM.train, this process")
+    ax.set_xlabel("EM iteration")
+    ax.set_ylabel("log-likelihood per event")
+    ax.legend()
+    fig.tight_layout()
+    plt.show()
