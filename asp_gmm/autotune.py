@@ -92,7 +92,12 @@ def problem_data(problem: Problem, seed: int = 0, reg_covar: float = 1e-3):
     X = np.ascontiguousarray(X, dtype=problem.np_dtype)
     means = X[(np.arange(M) * N) // M].astype(np.float64)
     cov = np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True)) + reg_covar * np.eye(D)
-    covars = np.repeat(cov[None], M, 0) if problem.cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
+    covars = {
+        "full": lambda: np.repeat(cov[None], M, 0),
+        "tied": lambda: cov,
+        "diag": lambda: np.repeat(np.diag(cov)[None], M, 0),
+        "spherical": lambda: np.full(M, np.trace(cov) / D),
+    }[problem.cvtype]()
     return X, (np.full(M, 1.0 / M), means, covars)
 
 

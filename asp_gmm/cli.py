@@ -20,6 +20,7 @@ import sys
 import warnings
 
 from .config import settings
+from .problem import CVTYPES
 
 
 def _history():
@@ -321,9 +322,9 @@ def _grid(text: str) -> list:
 
 def _cvtypes(text: str) -> list:
     out = [p.strip() for p in str(text).split(",") if p.strip()]
-    bad = [p for p in out if p not in ("full", "diag")]
+    bad = [p for p in out if p not in CVTYPES]
     if bad or not out:
-        raise argparse.ArgumentTypeError(f"{text!r}: each covariance type must be full or diag")
+        raise argparse.ArgumentTypeError(f"{text!r}: each covariance type must be one of {', '.join(CVTYPES)}")
     return out
 
 
@@ -396,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     hw.add_argument("--N", type=_positive_int, required=True, help="events")
     hw.add_argument("--D", type=_positive_int, required=True, help="dimensions")
     hw.add_argument("--M", type=_positive_int, required=True, help="components")
-    hw.add_argument("--cvtype", default="full", choices=["full", "diag"], help="covariance type")
+    hw.add_argument("--cvtype", default="full", choices=list(CVTYPES), help="covariance type")
     hw.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="working precision")
     hw.add_argument("--backend", default="c", help="c or cuda")
     he = hs.add_parser("export", help="write the whole history to a JSON file", formatter_class=fmt)

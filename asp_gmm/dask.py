@@ -29,7 +29,7 @@ import numpy as np
 
 from . import streaming
 from .errors import ASPGMMError, NonFiniteError, from_reference
-from .problem import Problem
+from .problem import CVTYPES, KERNEL_CVTYPE, Problem
 from .reference import NotPositiveDefiniteError, precision_cholesky
 
 log = logging.getLogger("asp_gmm")
@@ -202,7 +202,9 @@ def fit(
         recompute or reload it.
     M : int
         Components.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
+        ("tied" and "spherical": the workers compute the per-component statistics of "full" and
+        "diag"; the client reduces each M-step to the type)
     dtype : {np.float32, np.float64}
         Working precision of the workers' kernels (statistics are summed in float64).
     weights, means, covars : arrays (M,), (M, D), (M, D, D) or (M, D), optional
@@ -244,8 +246,8 @@ def fit(
     for name, val in (("M", M), ("split_every", split_every)):
         if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val < (1 if name == "M" else 2):
             raise DaskInputError(f"{name} must be an integer >= {1 if name == 'M' else 2}, got {val!r}")
-    if cvtype not in ("full", "diag"):
-        raise DaskInputError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+    if cvtype not in CVTYPES:
+        raise DaskInputError(f"cvtype must be one of {', '.join(map(repr, CVTYPES))}, got {cvtype!r}")
     for name, val in (("min_iters", min_iters), ("max_iters", max_iters)):
         if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val < 0:
             raise DaskInputError(f"{name} must be an integer >= 0, got {val!r}")
@@ -320,19 +322,21 @@ def _fit(
     parts = X.to_delayed().ravel()
     starts = np.concatenate([[0], np.cumsum(X.chunks[0])[:-1]]).astype(int)
 
+    kcv = KERNEL_CVTYPE[cvtype]
     if weights is None or means is None or covars is None:
-        w0, mu0, cv0 = _seed(dask, X, parts, M, cvtype, dt, reg_covar, seed, client, split_every)
+        w0, mu0, cv0 = _seed(dask, X, parts, M, kcv, dt, reg_covar, seed, client, split_every)
+        cv0 = streaming.seeded_as(cv0, cvtype)
         weights = w0 if weights is None else weights
         means = mu0 if means is None else means
         covars = cv0 if covars is None else covars
     w = np.array(weights, np.float64)
     mu = np.array(means, np.float64)
     cv = np.array(covars, np.float64)
-    shape = (M, D, D) if cvtype == "full" else (M, D)
+    shape = Problem(N, D, M, cvtype).covars_shape()
     for name, arr, want in (("weights", w, (M,)), ("means", mu, (M, D)), ("covars", cv, shape)):
         if arr.shape != want or not np.isfinite(arr).all():
             raise DaskInputError(f"{name} must be a finite array of shape {want}, got shape {arr.shape}")
-    problem = Problem(N, D, M, cvtype, dt.name)
+    problem = Problem(N, D, M, kcv, dt.name)  # the workers' per-component statistics
     bar = streaming._Progress(progress, N)
 
     def one_pass(k, w, mu, cv):
@@ -354,17 +358,17 @@ def _fit(
         bar.end(k, st, k)
         return st, time.perf_counter() - t0
 
-    st, sec = one_pass(0, w, mu, cv)
+    st, sec = one_pass(0, w, mu, streaming.per_component(cv, cvtype, M, D))
     if callback is not None:
         callback(0, st.loglik)
     ll, trace, secs, iters, converged = st.loglik, [st.loglik], [sec], 0, False
     while iters < max_iters:
-        w, mu, cv = st.mstep(mu, cv, reg_covar)
+        w, mu, cv = streaming.reduced_mstep(st, mu, streaming.per_component(cv, cvtype, M, D), reg_covar, cvtype)
         try:  # NotPositiveDefiniteError here, not on every worker
-            precision_cholesky(cv, cvtype, reg_covar)
+            precision_cholesky(cv, cvtype, reg_covar, n_features=D)
         except NotPositiveDefiniteError as exc:
             raise from_reference(exc) from None
-        st, sec = one_pass(iters + 1, w, mu, cv)
+        st, sec = one_pass(iters + 1, w, mu, streaming.per_component(cv, cvtype, M, D))
         iters += 1
         secs.append(sec)
         trace.append(st.loglik)

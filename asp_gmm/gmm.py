@@ -17,7 +17,7 @@ from . import cuda_arrays, frozen, streaming
 from .errors import NonFiniteInputError, StreamError
 from .blas import one_blas_thread
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
-from .problem import Problem
+from .problem import CVTYPES, KERNEL_CVTYPE, Problem
 from .specializer import Specializer
 
 __all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze"]
@@ -114,6 +114,16 @@ def _first_non_finite(arr: np.ndarray):
     return None
 
 
+def _seeded_as(covars: np.ndarray, cvtype: str) -> np.ndarray:
+    """Seeded covariances, every component the data's, (M, D, D) or (M, D), in the shape of ``cvtype``:
+    "tied" one (D, D) matrix, "spherical" (M,) the mean of each diagonal."""
+    if cvtype == "tied":
+        return np.ascontiguousarray(covars[0])
+    if cvtype == "spherical":
+        return np.ascontiguousarray(covars.mean(axis=1, dtype=np.float64).astype(covars.dtype))
+    return covars
+
+
 class GMM:
     """A Gaussian mixture model trained by specialized EM.
 
@@ -124,10 +134,11 @@ class GMM:
     D : int
         Dimensions of the data.
     means : array (M, D), optional
-    covars : array (M, D, D) for ``cvtype="full"``, (M, D) for ``"diag"``, optional
+    covars : array (M, D, D) for ``cvtype="full"``, (D, D) for ``"tied"`` (one matrix shared by every
+        component), (M, D) for ``"diag"``, (M,) for ``"spherical"`` (one variance per component), optional
     weights : array (M,), optional
         Initial parameters; those not given are seeded from the data by the first :meth:`train`.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
     dtype : {np.float32, np.float64}
         Working precision of the compiled code (parameters are accumulated in float64).
     reg_covar : float
@@ -178,11 +189,12 @@ class GMM:
         for name, val in (("M", M), ("D", D)):
             if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {val!r}")
-        if cvtype not in ("full", "diag"):
-            raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+        if cvtype not in CVTYPES:
+            raise ValueError(f"cvtype must be one of {', '.join(map(repr, CVTYPES))}, got {cvtype!r}")
         if not (isinstance(reg_covar, numbers.Real) and reg_covar >= 0 and np.isfinite(reg_covar)):
             raise ValueError(f"reg_covar must be a finite number >= 0, got {reg_covar!r}")
         self.M, self.D, self.cvtype = int(M), int(D), cvtype
+        self._kcv = KERNEL_CVTYPE[cvtype]  # how the data's (co)variance seeds it: "full" or "diag"
         self.dtype = _as_dtype(dtype)
         self.reg_covar = float(reg_covar)
         self.variant, self.seed = variant, seed
@@ -192,8 +204,7 @@ class GMM:
         if means is not None:
             self.means = self._check_param("means", means, (self.M, self.D))
         if covars is not None:
-            shape = (self.M, self.D, self.D) if cvtype == "full" else (self.M, self.D)
-            self.covars = self._check_param("covars", covars, shape)
+            self.covars = self._check_param("covars", covars, self._problem(0).covars_shape())
         if weights is not None:
             w = self._check_param("weights", weights, (self.M,))
             if np.any(w < 0) or not np.isclose(w.sum(dtype=np.float64), 1.0, rtol=1e-4):
@@ -234,7 +245,7 @@ class GMM:
                 idx = np.sort(np.random.default_rng(self.seed).choice(N, self.M, replace=False))
             self.means = X[idx].astype(self.dtype)
         if self.covars is None:
-            if self.cvtype == "full":
+            if self._kcv == "full":
                 with _small_blas(N * self.D * self.D):
                     cov = np.atleast_2d(np.cov(X64, rowvar=False, bias=True)) + self.reg_covar * np.eye(self.D)
                 self.covars = np.repeat(cov[None], self.M, axis=0).astype(self.dtype)
@@ -242,11 +253,12 @@ class GMM:
                 var = X64.var(axis=0) + self.reg_covar
                 self.covars = np.repeat(var[None], self.M, axis=0).astype(self.dtype)
             if not np.all(np.isfinite(self.covars)) or np.any(
-                (np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0
+                (np.diagonal(self.covars, axis1=1, axis2=2) if self._kcv == "full" else self.covars) <= 0
             ):
                 raise ValueError(
                     "the data has zero variance in some dimension; increase reg_covar or drop constant features"
                 )
+            self.covars = _seeded_as(self.covars, self.cvtype)
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
 
@@ -285,8 +297,8 @@ class GMM:
         n = cuda_arrays.describe(X)["shape"][0]
         if self.means is not None and self.covars is not None and self.weights is not None:
             return n
-        n, _mean, cov = cuda_arrays.seed_stats(X, self.cvtype)
-        self._check_variance(np.diag(cov) if self.cvtype == "full" else cov)
+        n, _mean, cov = cuda_arrays.seed_stats(X, self._kcv)
+        self._check_variance(np.diag(cov) if self._kcv == "full" else cov)
         if self.means is None:
             if self.seed is None:
                 idx = (np.arange(self.M) * n) // self.M
@@ -294,15 +306,16 @@ class GMM:
                 idx = np.sort(np.random.default_rng(self.seed).choice(n, self.M, replace=False))
             self.means = cuda_arrays.rows(X, idx).astype(self.dtype)
         if self.covars is None:
-            if self.cvtype == "full":
+            if self._kcv == "full":
                 full = 0.5 * (cov + cov.T) + self.reg_covar * np.eye(self.D)
                 self.covars = np.repeat(full[None], self.M, axis=0).astype(self.dtype)
             else:
                 self.covars = np.repeat((cov + self.reg_covar)[None], self.M, axis=0).astype(self.dtype)
-            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
+            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self._kcv == "full" else self.covars) <= 0):
                 raise ValueError(
                     "the data has zero variance in some dimension; increase reg_covar or drop constant features"
                 )
+            self.covars = _seeded_as(self.covars, self.cvtype)
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
         return n
@@ -318,17 +331,18 @@ class GMM:
             )
         if self.means is not None and self.covars is not None and self.weights is not None:
             return src, src.n_rows or 0
-        n, means, covars = streaming.seed(src, self.M, self.D, self.cvtype, self.dtype, self.reg_covar, self.seed)
-        var = (np.diagonal(covars[0]) if self.cvtype == "full" else covars[0]) - self.reg_covar
+        n, means, covars = streaming.seed(src, self.M, self.D, self._kcv, self.dtype, self.reg_covar, self.seed)
+        var = (np.diagonal(covars[0]) if self._kcv == "full" else covars[0]) - self.reg_covar
         self._check_variance(var)
         if self.means is None:
             self.means = means.astype(self.dtype)
         if self.covars is None:
             self.covars = covars.astype(self.dtype)
-            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self.cvtype == "full" else self.covars) <= 0):
+            if np.any((np.diagonal(self.covars, axis1=1, axis2=2) if self._kcv == "full" else self.covars) <= 0):
                 raise ValueError(
                     "the data has zero variance in some dimension; increase reg_covar or drop constant features"
                 )
+            self.covars = _seeded_as(self.covars, self.cvtype)
         if self.weights is None:
             self.weights = np.full(self.M, 1.0 / self.M, dtype=self.dtype)
         return src, n
@@ -521,7 +535,7 @@ def prepare(
     D : int
     M : int or iterable of int
         Component counts to prepare.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
     dtype : {np.float32, np.float64}
     backend : {"auto", "c", "numpy", "cuda"}
     N : int
@@ -537,8 +551,8 @@ def prepare(
     for name, val in [("D", D), ("N", N)] + [("M", m) for m in Ms]:
         if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
             raise ValueError(f"{name} must be a positive integer, got {val!r}")
-    if cvtype not in ("full", "diag"):
-        raise ValueError(f"cvtype must be 'full' or 'diag', got {cvtype!r}")
+    if cvtype not in CVTYPES:
+        raise ValueError(f"cvtype must be one of {', '.join(map(repr, CVTYPES))}, got {cvtype!r}")
     spec = Specializer(backend)
     dt = _as_dtype(dtype).name
     # every module of every shape compiles at once, in parallel (one thread per core)
@@ -605,11 +619,15 @@ def compute_distance_BIC(
             parts.append((g.loglik, g.n_events))
     (l1, n1), (l2, n2) = parts
     w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
+    if gmm1.cvtype == "tied":  # one shared matrix: the two models' matrices weighted by their data
+        covars = (gmm1.covars.astype(np.float64) * n1 + gmm2.covars.astype(np.float64) * n2) / (n1 + n2)
+    else:
+        covars = np.concatenate([gmm1.covars, gmm2.covars])
     merged = GMM(
         gmm1.M + gmm2.M,
         gmm1.D,
         means=np.concatenate([gmm1.means, gmm2.means]),
-        covars=np.concatenate([gmm1.covars, gmm2.covars]),
+        covars=covars,
         weights=w / w.sum(),
         cvtype=gmm1.cvtype,
         dtype=gmm1.dtype,

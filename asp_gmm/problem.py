@@ -6,7 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-CVTYPES = ("full", "diag")
+CVTYPES = ("full", "diag", "tied", "spherical")
+#: The covariance type whose kernels compute a type's sums: "tied" runs the full kernels with one
+#: shared precision factor, "spherical" the diagonal ones with one variance per component.
+KERNEL_CVTYPE = {"full": "full", "tied": "full", "diag": "diag", "spherical": "diag"}
 DTYPES = ("float32", "float64")
 
 
@@ -22,7 +25,7 @@ class Problem:
         Dimensions (features).
     M : int
         Mixture components.
-    cvtype : {"full", "diag"}
+    cvtype : {"full", "diag", "tied", "spherical"}
     dtype : {"float32", "float64"}
     """
 
@@ -40,8 +43,20 @@ class Problem:
 
     @property
     def cells(self) -> int:
-        """Covariance cells computed per component (lower triangle for full, D for diag)."""
-        return self.D * (self.D + 1) // 2 if self.cvtype == "full" else self.D
+        """Covariance cells computed per component (lower triangle for full and tied, D for diag and
+        spherical): the sums of the kernels that run the type."""
+        return self.D * (self.D + 1) // 2 if self.kernel_cvtype == "full" else self.D
+
+    @property
+    def kernel_cvtype(self) -> str:
+        """ "full" for "full" and "tied", "diag" for "diag" and "spherical" (:data:`KERNEL_CVTYPE`)."""
+        return KERNEL_CVTYPE[self.cvtype]
+
+    def covars_shape(self) -> tuple:
+        """Shape of the covariances: (M, D, D) full, (D, D) tied, (M, D) diag, (M,) spherical."""
+        return {"full": (self.M, self.D, self.D), "tied": (self.D, self.D), "diag": (self.M, self.D)}.get(
+            self.cvtype, (self.M,)
+        )
 
     @property
     def work(self) -> float:
@@ -54,4 +69,37 @@ class Problem:
         return np.dtype(self.dtype)
 
     def as_dict(self) -> dict:
-        return dict(N=self.N, D=self.D, M=self.M, cvtype=self.cvtype, dtype=self.dtype, cells=self.cells)
+        """The names the manifests' limits and the templates see: ``cvtype`` is the family of kernels
+        that run the problem ("full" for full and tied, "diag" for diag and spherical), so that a
+        variant's geometry is the same for both members; ``cov_kind`` is the exact type (what the EM
+        cores read to pool a tied covariance or average a spherical one)."""
+        return dict(
+            N=self.N,
+            D=self.D,
+            M=self.M,
+            cvtype=self.kernel_cvtype,
+            cov_kind=self.cvtype,
+            dtype=self.dtype,
+            cells=self.cells,
+        )
+
+
+def per_component(covars, cvtype: str, M: int, D: int) -> np.ndarray:
+    """Covariances of ``cvtype`` as the per-component ones of its kernel type (float64): "tied" (D, D)
+    repeated to (M, D, D), "spherical" (M,) to (M, D); "full" and "diag" unchanged."""
+    covars = np.asarray(covars, np.float64)
+    if cvtype == "tied":
+        return np.repeat(covars.reshape(1, D, D), M, axis=0)
+    if cvtype == "spherical":
+        return np.repeat(covars.reshape(M, 1), D, axis=1)
+    return covars
+
+
+def as_cvtype(covars, cvtype: str) -> np.ndarray:
+    """The inverse of :func:`per_component` on covariances it produced."""
+    covars = np.asarray(covars, np.float64)
+    if cvtype == "tied":
+        return covars[0].copy()
+    if cvtype == "spherical":
+        return covars[:, 0].copy()
+    return covars

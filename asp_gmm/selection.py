@@ -129,7 +129,7 @@ Choice = Plan
 #: the events, so all cores work for any M (V3 idles cores when M is small);
 #: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
-    "c": ["VF", "VD", "V4", "V3", "BLAS", "V2", "V1"],
+    "c": ["VF", "VD", "VT", "V4", "V3", "BLAS", "V2", "V1"],
     # CUDA: V4 fills the GPU for any M; V3 only for M >= SMs
     "cuda": ["V5", "V4", "V3", "V2", "V1"],
     "numpy": ["reference"],

@@ -6,7 +6,7 @@
 Same parameters, methods and attributes as :class:`sklearn.mixture.GaussianMixture`, plus two keywords:
 
 ``backend`` : {"auto", "c", "cuda", "numpy"}
-    Where the "full" and "diag" EM loops run (see :class:`asp_gmm.GMM`). "auto" takes the first of
+    Where the EM loops run (see :class:`asp_gmm.GMM`). "auto" takes the first of
     CUDA, C and NumPy that has a variant for the problem.
 ``dtype`` : {None, "float32", "float64"}
     Working precision of the compiled code. ``None`` (default) follows scikit-learn: float32 data is
@@ -22,10 +22,10 @@ parameters, checking the same difference one iteration earlier. So a fit runs th
 iteration: the parameters, ``n_iter_``, ``converged_``, ``lower_bound_`` and ``lower_bounds_`` are
 those scikit-learn computes from the same initial parameters (up to rounding).
 
-"tied" and "spherical" covariances have no compiled variant: they run scikit-learn's loop on the
-project's float64 NumPy reference (:mod:`asp_gmm.reference`, scikit-learn's formulas; correct, not
-faster than scikit-learn). The initial parameters and every NumPy E- and M-step come from that
-module too; the drop-in keeps no copies of scikit-learn's numerical helpers (it only reproduces
+All four covariance types run on the specialized backends ("tied" on the full kernels with one
+shared precision factor, "spherical" on the diagonal ones with one variance per component). The
+initial parameters and every NumPy E- and M-step come from the project's float64 reference
+(:mod:`asp_gmm.reference`, scikit-learn's formulas); the drop-in keeps no copies of scikit-learn's numerical helpers (it only reproduces
 scikit-learn's starting covariances of one-event components, see ``_one_hot_params``).
 
 Initialisation
@@ -86,7 +86,6 @@ __all__ = ["GaussianMixture", "KMEANS_SUBSAMPLE"]
 #: size (see the module docstring).
 KMEANS_SUBSAMPLE = 10_000
 
-_COMPILED = ("full", "diag")
 _ILL_DEFINED = (
     "Fitting the mixture model failed because some components have ill-defined empirical covariance "
     "(for instance caused by singleton or collapsed samples). Try to decrease the number of "
@@ -106,35 +105,12 @@ def _is_dask_array(X) -> bool:
     return type(X).__module__.split(".")[0] == "dask" and hasattr(X, "chunks") and hasattr(X, "to_delayed")
 
 
-def _numpy_stats(X, weights, means, covars, cvtype):
-    """:class:`asp_gmm.streaming.SuffStats` of X for "tied" (full second moments) and "spherical"
-    (diagonal ones), from the reference's E-step in float64 NumPy."""
-    from .backends.base import stats_from_posteriors
-
-    X = np.asarray(X, np.float64)
-    lpn, resp = _estep(X, weights, means, _precision_cholesky(covars, cvtype, X.shape[1]), cvtype)
-    kind = "full" if cvtype == "tied" else "diag"
-    st = streaming.SuffStats(len(weights), X.shape[1], kind, means)
-    st.add_block(stats_from_posteriors(X, lpn, resp, means, kind))
-    return st
-
-
 def _online_mstep(stats, means, covars, reg, cvtype):
-    """The M-step of the running statistics, reduced to ``cvtype`` as scikit-learn reduces its
-    estimates: "tied" the count-weighted mean of the full covariances, "spherical" each diagonal's
-    mean."""
-    if cvtype in _COMPILED:
-        return stats.mstep(means, covars, reg)
-    D = means.shape[1]
-    if cvtype == "tied":
-        prev = np.repeat(np.asarray(covars, np.float64)[None], len(means), 0)
-    else:
-        prev = np.repeat(np.asarray(covars, np.float64)[:, None], D, 1)
-    w, mu, cv = stats.mstep(means, prev, 0.0)
-    if cvtype == "tied":
-        nk = stats.nk + 10 * np.finfo(np.float64).eps
-        return w, mu, np.tensordot(nk, cv, 1) / nk.sum() + reg * np.eye(D)
-    return w, mu, cv.mean(1) + reg
+    """The M-step of the running statistics (per component, of the "full" or "diag" kernels), reduced
+    to ``cvtype`` as scikit-learn reduces its estimates: "tied" the count-weighted mean of the full
+    covariances, "spherical" each diagonal's mean."""
+    M, D = means.shape
+    return streaming.reduced_mstep(stats, means, streaming.per_component(covars, cvtype, M, D), reg, cvtype)
 
 
 def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
@@ -162,8 +138,8 @@ def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
     else:
         centres = KMeans(n_clusters=M, n_init=1, random_state=random_state).fit(sample).cluster_centers_
     centres = np.asarray(centres, np.float64)
-    full = cvtype == "full"
-    st = streaming.SuffStats(M, D, cvtype, centres)
+    full = cvtype in ("full", "tied")
+    st = streaming.SuffStats(M, D, "full" if full else "diag", centres)
     from .backends.base import BlockStats
 
     for _start, blk in streaming.blocks(src, D, dt, 1 << 16):
@@ -179,7 +155,7 @@ def _stream_kmeans_init(src, M, D, cvtype, dt, reg, method, random_state):
             s2[c] = y.T @ y if full else (y * y).sum(0)
         st.add_block(BlockStats(x.shape[0], 0.0, nk, sumx, s2))
     prev = np.repeat((np.eye(D) if full else np.ones(D))[None], M, 0)
-    w, mu, cv = st.mstep(centres, prev, reg)
+    w, mu, cv = streaming.reduced_mstep(st, centres, prev, reg, cvtype)
     return st.n, w, mu, cv
 
 
@@ -262,11 +238,6 @@ def _precision_cholesky(cov, cvtype, D):
         raise ValueError(_ILL_DEFINED) from None
 
 
-def _estep(X, weights, means, prec_chol, cvtype):
-    """``(log p(x) (N,), responsibilities (N, M))`` of float64 X under the given factors."""
-    return ref.estep_cholesky(X, weights, means, prec_chol, cvtype)
-
-
 def _estimate_params(X, resp, reg, cvtype):
     """Counts ``nk`` (M,) (unnormalised weights), means (M, D) and covariances from soft
     responsibilities (N, M): scikit-learn's M-step (no empty-component rule)."""
@@ -330,7 +301,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     means_init, precisions_init, random_state, warm_start, verbose, verbose_interval
         As in :class:`sklearn.mixture.GaussianMixture`.
     backend : {"auto", "c", "cuda", "numpy"}, default="auto"
-        Runtime of the "full" and "diag" EM loops ("tied" and "spherical" always run in NumPy).
+        Runtime of the EM loops.
     dtype : {None, "float32", "float64"}, default=None
         Working precision; ``None`` keeps float32 data in float32 and uses float64 otherwise.
     online_t0, online_kappa : float, default=2.0 and 0.6
@@ -445,8 +416,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             In memory; or streamed one block at a time (:mod:`asp_gmm.streaming`): a
             ``numpy.memmap``, an h5py or zarr dataset, a callable returning a new iterable of
             (n_i, D) row chunks on each call; or a ``dask.array`` (distributed EM on the Dask
-            workers, :mod:`asp_gmm.dask`). Streamed and Dask fits need "full" or "diag"
-            covariance and run one initialisation. Unless ``*_init`` are given they start, on a
+            workers, :mod:`asp_gmm.dask`). Streamed and Dask fits run one initialisation ("tied"
+            and "spherical" on the per-component statistics of "full" and "diag"). Unless ``*_init`` are given they start, on a
             source with ``init_params`` "kmeans" or "k-means++", from k-means on a uniform sample
             of :data:`KMEANS_SUBSAMPLE` events (as large in-memory data does; two passes), else
             (Dask arrays, other ``init_params``) from ``GMM.train``'s seeding: means at events
@@ -457,12 +428,10 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         self
         """
-        if _is_dask_array(X) or (
-            streaming.is_source(X) and (self.covariance_type in _COMPILED or not hasattr(X, "shape"))
-        ):
+        if _is_dask_array(X) or streaming.is_source(X):
             self._fit_large(X)
             return self
-        self._fit(X)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
+        self._fit(X)
         return self
 
     def _fit_large(self, X):
@@ -470,11 +439,6 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         if hasattr(self, "_validate_params"):
             self._validate_params()
         cvtype, M = self.covariance_type, self.n_components
-        if cvtype not in _COMPILED:
-            raise ValueError(
-                f"covariance_type={cvtype!r} cannot be fitted on streamed or Dask data; use 'full' or "
-                "'diag', or load X into memory"
-            )
         on_dask = _is_dask_array(X)
         if on_dask:
             src, D, kind = None, int(X.shape[1]), X.dtype
@@ -530,10 +494,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 )
                 w, mu, cv = (k_w if w is None else w), (k_mu if mu is None else mu), (k_cv if cv is None else cv)
             elif w is None or mu is None or cv is None:
-                n, s_mu, s_cv = streaming.seed(src, M, D, cvtype, dt, reg, seed)
+                kcv = Problem(0, D, M, cvtype).kernel_cvtype
+                n, s_mu, s_cv = streaming.seed(src, M, D, kcv, dt, reg, seed)
                 w = np.full(M, 1.0 / M) if w is None else w
                 mu = s_mu.astype(np.float64) if mu is None else mu
-                cv = s_cv if cv is None else cv
+                cv = streaming.seeded_as(s_cv, cvtype) if cv is None else cv
             prob = Problem(n or src.n_rows or 0, D, M, cvtype, dt.name)
             spec = self._specializer(prob)
             try:
@@ -573,7 +538,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like (n, D)
-            One batch ("full" and "diag" covariance).
+            One batch.
 
         Returns
         -------
@@ -603,11 +568,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             w, mu, cv = self._params64()
         Xw = np.ascontiguousarray(X, dtype=dt)
         try:
-            if cvtype in _COMPILED:
-                prob = Problem(n, D, M, cvtype, dt.name)
-                st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cv, reg)
-            else:  # tied, spherical: float64 NumPy statistics (full, diagonal), reduced in the M-step
-                st = _numpy_stats(X, w, mu, cv, cvtype)
+            # per-component statistics of the "full" or "diag" kernels ("tied", "spherical": reduced in
+            # the M-step)
+            prob = Problem(n, D, M, Problem(n, D, M, cvtype).kernel_cvtype, dt.name)
+            cvk = streaming.per_component(cv, cvtype, M, D)
+            st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cvk, reg)
             st = st.scaled(1.0 / n)
             if first:
                 self._online_stats, self._online_steps = st, 0
@@ -655,10 +620,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         do_init = not (self.warm_start and hasattr(self, "converged_"))
         n_init = self.n_init if do_init else 1
         random_state = check_random_state(self.random_state)
-        compiled = cvtype in _COMPILED
-        Xw = np.ascontiguousarray(X, dtype=dt) if compiled else None
-        X64 = None if compiled else np.asarray(X, dtype=np.float64)
-        spec = self._specializer(Problem(N, D, M, cvtype, dt.name)) if compiled else None
+        Xw = np.ascontiguousarray(X, dtype=dt)
+        spec = self._specializer(Problem(N, D, M, cvtype, dt.name))
 
         max_lower_bound, best, best_n_iter, best_lbs, best_conv = -np.inf, None, 0, [], False
         for init in range(n_init):
@@ -676,10 +639,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 continue
             lb_prev = -np.inf if do_init else float(self.lower_bound_)
             t0 = time.perf_counter()
-            if compiled:
-                w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev)
-            else:
-                w, mu, cv, n_iter, lbs, conv = self._em_numpy(X64, params, lb_prev)
+            w, mu, cv, n_iter, lbs, conv = self._em_compiled(spec, Xw, params, lb_prev)
             self._verbose_iters(lbs, lb_prev, time.perf_counter() - t0)
             self._verbose_init_end(lbs[-1], conv, time.perf_counter() - t0)
             lower_bound = lbs[-1]
@@ -755,26 +715,6 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         lbs[-1] = r1.loglik / N
         return r2.weights, r2.means, r2.covars, r1.iters + 1, lbs, bool(r1.converged)
 
-    def _em_numpy(self, X, params, lb_prev):
-        """scikit-learn's loop in float64 NumPy (tied, spherical)."""
-        cvtype, reg, tol = self.covariance_type, float(self.reg_covar), float(self.tol)
-        w, mu, cv = params
-        D = X.shape[1]
-        pc = _precision_cholesky(cv, cvtype, D)
-        lower_bound, lbs, conv, n_iter = lb_prev, [], False, 0
-        for n_iter in range(1, self.max_iter + 1):
-            prev = lower_bound
-            lpn, resp = _estep(X, w, mu, pc, cvtype)
-            nk, mu, cv = _estimate_params(X, resp, reg, cvtype)
-            w = nk / nk.sum()
-            pc = _precision_cholesky(cv, cvtype, D)
-            lower_bound = float(np.mean(lpn))
-            lbs.append(lower_bound)
-            if abs(lower_bound - prev) < tol:
-                conv = True
-                break
-        return w, mu, cv, n_iter, lbs, conv
-
     # ------------------------------------------------------------------------------ initialisation
     def _initial_params(self, X, random_state, inits):
         """Initial (weights, means, covariances) in float64, as scikit-learn's ``_initialize``."""
@@ -847,16 +787,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         cvtype = self.covariance_type
         dt = np.dtype(self.means_.dtype) if self.means_.dtype == np.float32 else np.dtype(np.float64)
         N, D = X.shape
-        if cvtype in _COMPILED:
-            Xw = np.ascontiguousarray(X, dtype=dt)
-            prob = Problem(N, D, self.n_components, cvtype, dt.name)
-            try:
-                return self._specializer(prob).evaluate(Xw, *self._params64(), prob, float(self.reg_covar), want_resp)
-            except (NotPositiveDefiniteError, FloatingPointError) as exc:
-                raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
-        w, mu, _ = self._params64()
-        lpn, resp = _estep(np.asarray(X, np.float64), w, mu, np.asarray(self.precisions_cholesky_, np.float64), cvtype)
-        return lpn.astype(dt, copy=False), (resp.astype(dt, copy=False) if want_resp else None)
+        Xw = np.ascontiguousarray(X, dtype=dt)
+        prob = Problem(N, D, self.n_components, cvtype, dt.name)
+        try:
+            return self._specializer(prob).evaluate(Xw, *self._params64(), prob, float(self.reg_covar), want_resp)
+        except (NotPositiveDefiniteError, FloatingPointError) as exc:
+            raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
 
     @follows_input_namespace()
     def score_samples(self, X):

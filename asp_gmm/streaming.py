@@ -36,6 +36,7 @@ Settings
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -48,7 +49,7 @@ import numpy as np
 from . import config, cuda_arrays
 from . import reference as ref
 from .errors import NonFiniteError, NonFiniteInputError, SettingError, StreamError
-from .problem import Problem
+from .problem import Problem, as_cvtype, per_component  # noqa: F401 (re-exported for the Face)
 
 log = logging.getLogger("asp_gmm")
 
@@ -469,6 +470,35 @@ class SuffStats:
         return weights, means, cov
 
 
+def seeded_as(covars, cvtype: str) -> np.ndarray:
+    """Seeded covariances (every component the data's, (M, D, D) or (M, D)) in the shape of
+    ``cvtype``: "tied" the one matrix, "spherical" the mean of each diagonal."""
+    covars = np.asarray(covars)
+    if cvtype == "tied":
+        return covars[0].copy()
+    if cvtype == "spherical":
+        return covars.mean(axis=1)
+    return covars
+
+
+def reduced_mstep(stats: "SuffStats", prev_means, prev_covars, reg_covar: float, cvtype: str):
+    """:meth:`SuffStats.mstep` reduced to ``cvtype`` as asp_gmm/reference.py reduces its estimates:
+    "tied" the count-weighted mean of the components' full covariances (the pooled scatter over the
+    total count), "spherical" the mean of each component's diagonal; ``reg_covar`` added after.
+    ``prev_covars`` are per component (:func:`per_component`); returns covariances of ``cvtype``."""
+    if cvtype in ("full", "diag"):
+        return stats.mstep(prev_means, prev_covars, reg_covar)
+    prev = np.asarray(prev_covars, np.float64)
+    D = prev.shape[-1]
+    # the previous covariances without reg_covar: an empty component keeps them and gets it added again
+    prev = prev - (reg_covar * np.eye(D) if cvtype == "tied" else reg_covar)
+    w, mu, cv = stats.mstep(prev_means, prev, 0.0)
+    if cvtype == "tied":
+        nk = stats.nk + 10 * np.finfo(np.float64).eps
+        return w, mu, np.tensordot(nk, cv, 1) / nk.sum() + reg_covar * np.eye(D)
+    return w, mu, cv.mean(axis=1) + reg_covar
+
+
 def _shift_second(s2, s1, nk, d, cvtype):
     """``sum r (x - c - d)(x - c - d)^T`` from the sums around ``c``: s2 - d s1^T - s1 d^T + nk d d^T."""
     if cvtype == "full":
@@ -623,11 +653,16 @@ def em(
 ):
     """Streamed EM through ``spec`` (a :class:`~asp_gmm.specializer.Specializer`): the same iterations as
     the in-memory loop (an M-step, then the statistics of the new parameters), one pass over the
-    source per iteration plus the first. Returns a :class:`~asp_gmm.specializer.TrainResult`."""
+    source per iteration plus the first. Returns a :class:`~asp_gmm.specializer.TrainResult`.
+    "tied" and "spherical" stream the per-component statistics of the "full" and "diag" problem and
+    reduce each M-step to their type (:func:`reduced_mstep`)."""
     from .specializer import TrainResult
 
     t_start = time.perf_counter()
     source = as_source(source)
+    cvtype = problem.cvtype
+    problem = dataclasses.replace(problem, cvtype=problem.kernel_cvtype)
+    covars = per_component(covars, cvtype, problem.M, problem.D)
     sp = plan(spec, problem, variant)
     bar = _Progress(progress, problem.N or source.n_rows)
     runner = spec.backend.open_stats(sp.problem, sp.kernel)
@@ -642,7 +677,8 @@ def em(
         ll = st.loglik
         trace, iters, converged = [ll], 0, False
         while iters < max_iters:
-            w, mu, cv = st.mstep(mu, cv, reg_covar)
+            w, mu, cv = reduced_mstep(st, mu, cv, reg_covar, cvtype)
+            cv = per_component(cv, cvtype, problem.M, problem.D)
             bar.start(iters + 1, N)
             st = pass_stats(runner, source, problem, w, mu, cv, reg_covar, N, bar)
             iters += 1
@@ -657,7 +693,7 @@ def em(
     return TrainResult(
         w,
         mu,
-        cv,
+        as_cvtype(cv, cvtype),
         ll,
         iters,
         converged,

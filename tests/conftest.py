@@ -34,11 +34,17 @@ def make_blobs(rng, N, D, M, offset=0.0, dtype=np.float64):
 
 
 def init_params(rng, X, M, cvtype):
-    """Initial parameters: distinct events as means, the data covariance, random weights."""
+    """Initial parameters: distinct events as means, the data covariance (in the shape of ``cvtype``),
+    random weights."""
     N, D = X.shape
     means = X[rng.choice(N, M, replace=False)].astype(np.float64)
     cov = np.atleast_2d(np.cov(X.astype(np.float64), rowvar=False, bias=True)) + 1e-3 * np.eye(D)
-    covars = np.repeat(cov[None], M, 0) if cvtype == "full" else np.repeat(np.diag(cov)[None], M, 0)
+    covars = {
+        "full": lambda: np.repeat(cov[None], M, 0),
+        "tied": lambda: cov,
+        "diag": lambda: np.repeat(np.diag(cov)[None], M, 0),
+        "spherical": lambda: np.full(M, np.trace(cov) / D),
+    }[cvtype]()
     w = rng.uniform(0.5, 1.5, M)
     return w / w.sum(), means, covars
 

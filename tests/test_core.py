@@ -173,7 +173,7 @@ def test_auto_without_a_c_compiler_warns_once_naming_the_fix(monkeypatch):
         (dict(M=0, D=3), "M must be a positive integer"),
         (dict(M=2, D=-1), "D must be a positive integer"),
         (dict(M=2.5, D=3), "M must be a positive integer"),
-        (dict(M=2, D=3, cvtype="tied"), "cvtype"),
+        (dict(M=2, D=3, cvtype="banded"), "cvtype"),
         (dict(M=2, D=3, reg_covar=-1), "reg_covar"),
         (dict(M=2, D=3, means=np.zeros((3, 3))), "means must have shape"),
         (dict(M=2, D=3, weights=[0.2, 0.2]), "sum to 1"),
@@ -416,4 +416,4 @@ def test_prepare_loads_every_candidate_and_checks_its_arguments():
         with pytest.raises(ValueError, match="positive integer"):
             asp_gmm.prepare(**bad)
     with pytest.raises(ValueError, match="cvtype"):
-        asp_gmm.prepare(3, 2, cvtype="tied")
+        asp_gmm.prepare(3, 2, cvtype="banded")

@@ -45,6 +45,13 @@ CLASSES = [  # (D, M, cvtype, dtype)
     (7, 3, "diag", "float64"),
     (100, 5, "full", "float32"),  # cells tiled in passes, Cholesky in global memory, E-step from xt
     (150, 2, "diag", "float32"),
+    # tied and spherical: the full and diag kernels (the same code paths); the core pools or averages
+    (19, 16, "tied", "float32"),
+    (19, 16, "spherical", "float32"),
+    (36, 128, "tied", "float32"),
+    (36, 128, "spherical", "float32"),
+    (7, 3, "tied", "float64"),
+    (7, 3, "spherical", "float64"),
 ]
 TUNED_CLASS = (19, 16, "full", "float32")
 OWN = {"core", "estep", "V1", "V2", "V3", "V4"}

@@ -155,7 +155,9 @@ def test_init_params_as_sklearn(cvtype, init_params, rng):
 
 
 @pytest.mark.parametrize("cvtype", CVTYPES)
-def test_fit_predict_equals_fit_then_predict(cvtype, rng):
+def test_fit_predict_equals_fit_then_predict(cvtype, rng, monkeypatch):
+    # no exploration: two fits on two variants may keep two equal optima in another component order
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
     X = make_blobs(rng, 800, 3, 4)
     kw = dict(covariance_type=cvtype, random_state=3, n_init=2, max_iter=5)
     with warnings.catch_warnings():
@@ -441,8 +443,8 @@ def test_one_specializer_per_backend_kept_out_of_params_and_pickles(monkeypatch,
 @pytest.mark.parametrize("cvtype", ["tied", "spherical"])
 @pytest.mark.parametrize("data", ["iris", "wine", "random"])
 def test_numpy_types_equal_sklearn_in_float64(data, cvtype, rng):
-    """ "tied" and "spherical" run scikit-learn's loop on the float64 reference: from the same initial
-    parameters they give scikit-learn's fit up to rounding."""
+    """ "tied" and "spherical" run scikit-learn's loop on the compiled core (float64 here): from the same
+    initial parameters they give scikit-learn's fit up to rounding."""
     X, M = _data(data, rng)
     init = _sk_init(X, M, cvtype)
     ref = SkGM(M, covariance_type=cvtype, max_iter=200, **init).fit(X)

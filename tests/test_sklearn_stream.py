@@ -15,11 +15,16 @@ def inits(X, cvtype):
     rng = np.random.default_rng(1)
     means = X[rng.choice(len(X), M, replace=False)]
     var = X.var(0)
-    prec = np.repeat(np.diag(1 / var)[None], M, 0) if cvtype == "full" else np.repeat((1 / var)[None], M, 0)
+    prec = {
+        "full": np.repeat(np.diag(1 / var)[None], M, 0),
+        "tied": np.diag(1 / var),
+        "diag": np.repeat((1 / var)[None], M, 0),
+        "spherical": np.full(M, 1 / var.mean()),
+    }[cvtype]
     return dict(weights_init=np.full(M, 1 / M), means_init=means, precisions_init=prec)
 
 
-@pytest.mark.parametrize("cvtype", ["full", "diag"])
+@pytest.mark.parametrize("cvtype", ["full", "diag", "tied", "spherical"])
 def test_fit_on_a_chunk_source_equals_fit_in_memory(cvtype, rng):
     X = make_blobs(rng, 2000, D, M)
     kw = dict(covariance_type=cvtype, backend="c", max_iter=20, **inits(X, cvtype))
@@ -34,10 +39,11 @@ def test_fit_on_a_chunk_source_equals_fit_in_memory(cvtype, rng):
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # 15 iterations on purpose
-def test_fit_on_a_dask_array_equals_fit_on_a_chunk_source(rng):
+@pytest.mark.parametrize("cvtype", ["full", "tied", "spherical"])
+def test_fit_on_a_dask_array_equals_fit_on_a_chunk_source(cvtype, rng):
     da = pytest.importorskip("dask.array")
     X = make_blobs(rng, 3000, D, M)
-    kw = dict(covariance_type="full", backend="c", max_iter=15, random_state=3, init_params="random_from_data")
+    kw = dict(covariance_type=cvtype, backend="c", max_iter=15, random_state=3, init_params="random_from_data")
     h = GaussianMixture(M, **kw).fit(lambda: (X[a : a + 500] for a in range(0, len(X), 500)))
     d = GaussianMixture(M, **kw).fit(da.from_array(X, chunks=(700, D)))
     assert d.n_iter_ == h.n_iter_
@@ -56,10 +62,21 @@ def test_streamed_kmeans_initialisation_reaches_the_in_memory_solution():
     np.testing.assert_allclose(h.means_[order_h], g.means_[order_g], atol=1e-2)
 
 
-def test_streamed_fit_needs_full_or_diag(rng):
-    X = make_blobs(rng, 500, D, M)
-    with pytest.raises(ValueError, match="'tied' cannot be fitted on streamed"):
-        GaussianMixture(M, covariance_type="tied").fit(lambda: [X])
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")  # 4 iterations on purpose
+@pytest.mark.parametrize("cvtype", ["tied", "spherical"])
+def test_streamed_tied_and_spherical_match_the_reference(cvtype, rng):
+    """A streamed fit of the two reduced types (per-component statistics of the full and diagonal
+    kernels, reduced in each M-step) equals the float64 reference's EM from the same start."""
+    from asp_gmm import reference as ref
+
+    X = make_blobs(rng, 1999, D, M, offset=1000.0)
+    kw = dict(covariance_type=cvtype, backend="c", max_iter=4, tol=0.0, **inits(X, cvtype))
+    h = GaussianMixture(M, **kw).fit(lambda: (X[a : a + 301] for a in range(0, len(X), 301)))
+    pc = ref.precision_cholesky_from_precisions(kw["precisions_init"], cvtype)
+    cv0 = ref.covariances_from_precision_cholesky(pc, cvtype)
+    r = ref.em(X, kw["weights_init"], kw["means_init"], cv0, cvtype, 1e-6, 4, 4, 0.0)
+    np.testing.assert_allclose(h.covariances_, r["covars"], rtol=1e-9)
+    np.testing.assert_allclose(h.means_, r["means"], rtol=1e-12)
 
 
 @pytest.mark.parametrize("cvtype", ["full", "diag", "tied", "spherical"])

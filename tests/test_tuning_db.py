@@ -307,7 +307,7 @@ BAD_IMPORTS = {
     "tunables not JSON": (_set(["timings", 1, "variant", "tunables"], "{bad"), "timings[1].variant.tunables"),
     "tunables not an object": (_set(["timings", 1, "variant", "tunables"], "[1, 2]"), "timings[1].variant.tunables"),
     "unknown status": (_set(["timings", 2, "status"], "great"), "timings[2].status"),
-    "unknown cvtype": (_set(["timings", 0, "cvtype"], "tied"), "timings[0].cvtype"),
+    "unknown cvtype": (_set(["timings", 0, "cvtype"], "banded"), "timings[0].cvtype"),
     "unknown dtype": (_set(["timings", 0, "dtype"], "int8"), "timings[0].dtype"),
     "repeats zero": (_set(["timings", 0, "repeats"], 0), "timings[0].repeats"),
     "created_at not a date": (_set(["timings", 0, "created_at"], "yesterday"), "timings[0].created_at"),

@@ -34,7 +34,7 @@ SCHEMA_VERSION = 3
 STATUSES = ("ok", "compile-failed", "launch-failed", "invalid")
 #: Covariance types and working precisions a timing may be of (asp_gmm.problem has the same lists;
 #: the history imports nothing of the package).
-CVTYPES = ("full", "diag")
+CVTYPES = ("full", "diag", "tied", "spherical")
 DTYPES = ("float32", "float64")
 #: Largest value of an Integer column on every supported database (PostgreSQL's INTEGER is 32-bit).
 INT_MAX = 2**31 - 1

@@ -328,10 +328,11 @@ def stats_from_posteriors(X, logprob, resp, means, cvtype: str) -> BlockStats:
     M, D = means.shape
     nk = resp.sum(axis=0)
     sumx = resp.T @ X
-    s2 = np.empty((M, D, D) if cvtype == "full" else (M, D))
+    full = cvtype in ("full", "tied")  # per-component second moments: full or diagonal
+    s2 = np.empty((M, D, D) if full else (M, D))
     for k in range(M):
         diff = X - means[k]
-        s2[k] = (resp[:, k] * diff.T) @ diff if cvtype == "full" else resp[:, k] @ (diff * diff)
+        s2[k] = (resp[:, k] * diff.T) @ diff if full else resp[:, k] @ (diff * diff)
     return BlockStats(X.shape[0], float(np.sum(logprob, dtype=np.float64)), nk, sumx, s2)
 
 

@@ -299,7 +299,7 @@ class CSession(Session):
         self.logprob_t = np.empty(ntiles * tile, dt)
         self.weights = np.zeros(M)
         self.means = np.zeros((M, D))
-        self.covars = np.zeros((M, D, D) if problem.cvtype == "full" else (M, D))
+        self.covars = np.zeros(problem.covars_shape())
         self.nk = np.zeros(M)
         p = ffi.from_buffer
         state = lib.asp_create(
@@ -452,8 +452,8 @@ class CSession(Session):
 
 def _wants_moments(variant, problem: Problem) -> bool:
     """Whether ``variant`` reads the E-step's shifted moments instead of the posteriors (its
-    manifest says ``estep_moments = true``; diagonal covariance only)."""
-    return bool(variant.extra.get("estep_moments", False)) and problem.cvtype == "diag"
+    manifest says ``estep_moments = true``; diagonal and spherical covariance only)."""
+    return bool(variant.extra.get("estep_moments", False)) and problem.kernel_cvtype == "diag"
 
 
 def _dptr(a: np.ndarray):
@@ -469,6 +469,10 @@ class CStatsRunner(StatsRunner):
         super().__init__(backend, problem, kernel)
         if kernel is None:
             raise ValueError("the C backend computes block statistics with a covariance variant; pass its kernel")
+        if problem.cvtype not in ("full", "diag"):
+            # the block statistics are per component: streamed "tied" and "spherical" fits take them from
+            # the "full" and "diag" problem of the same data (asp_gmm.streaming)
+            raise ValueError(f"block statistics are computed for 'full' or 'diag' problems, not {problem.cvtype!r}")
         self._session = CSession(backend, np.zeros((problem.N, problem.D), problem.np_dtype), problem)
         self._moments = _wants_moments(kernel.variant, problem)
         M, D = problem.M, problem.D

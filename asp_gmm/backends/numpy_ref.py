@@ -44,7 +44,9 @@ class NumpySession(Session):
 
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         try:
-            ref.precision_cholesky(covars, self.problem.cvtype, reg_covar)  # raises if not PD
+            ref.precision_cholesky(
+                covars, self.problem.cvtype, reg_covar, n_features=self.problem.D
+            )  # raises if not PD
         except ref.NotPositiveDefiniteError as exc:
             raise from_reference(exc) from None
         self.weights = np.array(weights, np.float64)
@@ -111,7 +113,7 @@ class NumpyStatsRunner(StatsRunner):
             logprob, resp = ref.estep(X, w, mu, cv, self.problem.cvtype, reg)
         except (ref.NotPositiveDefiniteError, ref.NonFiniteError) as exc:
             raise from_reference(exc) from None
-        st = stats_from_posteriors(X, logprob, resp, mu, self.problem.cvtype)
+        st = stats_from_posteriors(X, logprob, resp, mu, self.problem.kernel_cvtype)
         if not np.isfinite(st.loglik):
             raise NonFiniteError(
                 f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer components, "

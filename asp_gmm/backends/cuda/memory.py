@@ -197,7 +197,7 @@ class _Buffers:
         self.last_n = None  # events of the last session: resp beyond them is stale otherwise
         N, D, M = problem.N, problem.D, problem.M
         rs = problem.np_dtype.itemsize
-        full = problem.cvtype == "full"
+        full = problem.kernel_cvtype == "full"  # tied: M copies of the one matrix; spherical: D of each variance
         self.ldn = ldn = -(-max(N, 1) // LDN_ALIGN) * LDN_ALIGN
         cells = problem.cells
         covcells = D * D if full else D

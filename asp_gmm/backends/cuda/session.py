@@ -22,7 +22,7 @@ from ... import cuda_arrays
 from ...errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ...reference import change_per_event
 from ...reference import converged as converged_rule
-from ...problem import Problem
+from ...problem import Problem, as_cvtype, per_component
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
 from ...config import settings
@@ -298,6 +298,9 @@ class CudaSession(Session):
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         b, p = self.buf, self.problem
         rt = p.np_dtype
+        # tied and spherical run on the full and diag kernels: every component holds its copy of the one
+        # matrix, every dimension its copy of the component's variance (the core keeps them equal)
+        covars = per_component(covars, p.cvtype, self.m_live, p.D)
         pad = p.M - self.m_live
         if pad:
             # padding components: copies of component 0 (finite, positive definite) of weight 0
@@ -335,9 +338,9 @@ class CudaSession(Session):
             return host[b.off[name] : b.off[name] + 8 * n].view(np.float64).reshape(shape).copy()
 
         D, M = p.D, p.M
-        cshape = (M, D, D) if p.cvtype == "full" else (M, D)
+        cshape = (M, D, D) if p.kernel_cvtype == "full" else (M, D)
         m = self.m_live
-        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], get("cov64", cshape)[:m]
+        return get("w64", (M,))[:m], get("mu64", (M, D))[:m], as_cvtype(get("cov64", cshape)[:m], p.cvtype)
 
     def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         mod = kernel.handle

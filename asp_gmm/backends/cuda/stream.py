@@ -209,7 +209,7 @@ class CudaStatsRunner(StatsRunner):
         mb[~live] = c[~live]  # an empty component's means kernel kept the current mean
         sumx = mb * (nk + _TINY_COUNT)[:, None]
         d = mb - c
-        if self.problem.cvtype == "full":
+        if self.problem.kernel_cvtype == "full":
             s2 = np.empty((m, D, D))
             il = np.tril_indices(D)
             packed = il[0] * (il[0] + 1) // 2 + il[1]
