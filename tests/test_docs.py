@@ -106,6 +106,15 @@ def test_settings_table_has_every_setting():
         assert f"``{name}``" in table
 
 
+def test_every_note_is_a_page():
+    """docs/*.md (docs/architecture.md, docs/performance.md and any note added later) are in the site."""
+    page = apigen.notes_page(DOCS)
+    notes = sorted(p.stem for p in DOCS.glob("*.md"))
+    assert {"architecture", "performance"} <= set(notes)
+    for stem in notes:
+        assert f"   /{stem}" in page, stem
+
+
 def test_troubleshooting_names_every_error_class():
     """The guide says what to do about every error the package defines (add a row to
     docs/guide/troubleshooting.rst for a new class)."""

@@ -139,9 +139,36 @@ def settings_page() -> str:
     return "\n".join(lines)
 
 
+NOTES_PAGE = "notes/index.rst"
+#: The notes that open the list; any other ``docs/*.md`` follows in name order.
+FIRST_NOTES = ("architecture", "performance")
+
+
+def notes_page(docs: Path) -> str:
+    """The toctree of the lab notes: every ``docs/*.md``, so that a note added there is a page of the
+    site (and not a document outside every toctree, which fails the -W build)."""
+    stems = sorted(p.stem for p in Path(docs).glob("*.md"))
+    stems = [s for s in FIRST_NOTES if s in stems] + [s for s in stems if s not in FIRST_NOTES]
+    lines = [
+        ".. This page is written by docs/_ext/apigen.py from the docs/*.md notes at every build.",
+        "",
+        _title("Developer notes"),
+        "The notes the developers keep beside the code: how a call flows through the package and where "
+        "each rule lives, what was tried and measured for speed (with the machine of every figure), and "
+        "the other lab notes.",
+        "",
+        ".. toctree::",
+        "   :maxdepth: 2",
+        "",
+    ]
+    lines += [f"   /{s}" for s in stems] + [""]
+    return "\n".join(lines)
+
+
 def write_all(docs: Path) -> None:
     """Write the generated pages under ``docs``."""
     docs = Path(docs)
+    _write(docs / NOTES_PAGE, notes_page(docs))
     _write(docs / PUBLIC_PAGE, public_page())
     _write(docs / CLI_PAGE, cli_page())
     _write(docs / SETTINGS_PAGE, settings_page())
