@@ -17,8 +17,15 @@ except _metadata.PackageNotFoundError:  # running from a checkout that was never
 
 import importlib.util as _importlib_util  # noqa: E402
 
-from .errors import ASPGMMError, CompileError, NonFiniteError, NotPositiveDefiniteError  # noqa: E402,F401
+from .errors import (  # noqa: E402,F401
+    ASPGMMError,
+    BatchMemberError,
+    CompileError,
+    NonFiniteError,
+    NotPositiveDefiniteError,
+)
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
+from .many import compute_distance_BIC_many, prepare_many, score_many, train_many  # noqa: E402
 
 
 def _sklearn_installed() -> bool:
@@ -35,7 +42,12 @@ __all__ = [
     "compute_distance_BIC",
     "prepare",
     "freeze",
+    "train_many",
+    "score_many",
+    "compute_distance_BIC_many",
+    "prepare_many",
     "ASPGMMError",
+    "BatchMemberError",
     "CompileError",
     "NonFiniteError",
     "NotPositiveDefiniteError",

@@ -1,7 +1,7 @@
 """The ``asp-gmm`` command: tune, history, info.
 
     asp-gmm tune --N 10000,100000 --D 19,36 --M 1,16,128 [--cvtype full] [--backend c|cuda] [--repeats 5]
-    asp-gmm history list | export FILE | import FILE | repair | clear
+    asp-gmm history list | export FILE | import FILE | repair | clear --yes
     asp-gmm info [--verbose]
     asp-gmm --version
 
@@ -133,8 +133,8 @@ def cmd_tune(args) -> int:
                 "its ms per EM iteration",
             )
             print(f"heat map: {args.out}")
-        except ImportError as exc:  # pragma: no cover - matplotlib is in the tune extra
-            print(f"no heat map ({exc}); pip install matplotlib", file=sys.stderr)
+        except ImportError as exc:  # matplotlib is in the tune extra
+            print(f"no heat map ({exc}); pip install 'asp_gmm[tune]' (or pass --out '')", file=sys.stderr)
     if args.json:
         doc = [
             {
@@ -270,6 +270,8 @@ def cmd_info(args) -> int:
             ctx = be.limit_context()
             if ctx and args.verbose:
                 print("  limit context: " + ", ".join(f"{k}={v}" for k, v in ctx.items()))
+        if reason and registry.variants(name, "covariance"):
+            print(f"  its variants (none can run here without the {name} backend):")
         for v in registry.variants(name, "covariance"):
             desc = v.description if args.verbose or len(v.description) <= 72 else v.description[:70].rstrip() + " ..."
             print(f"  variant {v.name:6} [{v.source_sha256[:12]}]  {desc}")

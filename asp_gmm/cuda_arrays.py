@@ -10,6 +10,8 @@ them to the host when the backend is not CUDA.
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 
 from .errors import ASPGMMError
@@ -47,10 +49,10 @@ def as_interface(X):
         return X
     for mod in ("cupy", "torch"):
         try:
-            lib = __import__(mod)
-            return lib.from_dlpack(X)
+            lib = importlib.import_module(mod)
         except ImportError:
             continue
+        return lib.from_dlpack(X)
     raise CudaArrayError(
         f"{type(X).__name__} is a DLPack CUDA array but neither CuPy nor PyTorch is installed to "
         "view it; pass a CuPy array or a PyTorch tensor"
@@ -131,7 +133,7 @@ def first_non_finite(X):
             bad = (~torch.isfinite(part)).reshape(-1)
             flat = int(torch.argmax(bad.to(torch.uint8))) if bool(bad.any()) else None
         else:
-            xp = __import__("cupy") if lib == "cupy" else np
+            xp = importlib.import_module("cupy") if lib == "cupy" else np
             bad = (~xp.isfinite(part)).reshape(-1)
             flat = int(xp.argmax(bad)) if bool(bad.any()) else None
         if flat is not None:

@@ -20,6 +20,7 @@ Hierarchy::
     ├── NonFiniteInputError        (ValueError)
     ├── VariantNotApplicableError  (ValueError)
     ├── ManifestError              (ValueError)
+    ├── BatchMemberError           (ValueError)
     ├── CompileError
     ├── BackendUnavailableError
     ├── KernelError                (RuntimeError)
@@ -56,6 +57,30 @@ class NonFiniteError(ASPGMMError, _reference.NonFiniteError):
 
     Also a :class:`FloatingPointError` and a :class:`ValueError`.
     """
+
+
+class BatchMemberError(ASPGMMError, ValueError):
+    """Members of a batched call (:func:`asp_gmm.train_many` and its kin) failed; the others ran and
+    their results are kept (in their models, and in ``results``).
+
+    Attributes
+    ----------
+    errors : dict
+        Member index -> the exception that member raised (bad data, too few events, a covariance
+        that is not positive definite...).
+    results : list
+        Per member: what the call returns for it (a log-likelihood, scores, a (model, score) pair),
+        ``None`` for a failed member.
+    """
+
+    def __init__(self, errors: dict, results: list, what: str = "train_many()"):
+        self.errors, self.results = dict(errors), list(results)
+        lines = [f"member {b}: {type(e).__name__}: {e}" for b, e in sorted(self.errors.items())]
+        n = len(self.errors)
+        super().__init__(
+            f"{what}: {n} of {len(self.results)} member(s) failed and were not trained; the others ran "
+            "(their results are in the models and in this error's .results):\n  " + "\n  ".join(lines)
+        )
 
 
 class NonFiniteInputError(ASPGMMError, ValueError):

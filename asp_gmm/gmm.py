@@ -50,24 +50,7 @@ def check_data(
         hint = f"{name}.astype(np.{np.dtype(dtype).name})"
         who = "GMM training" if method == "train" else call
         raise TypeError(f"{name} has dtype {arr.dtype}; {who} needs floating-point data. Convert it with {hint}.")
-    if arr.ndim != 2:
-        hint = f" For a single feature use {name}.reshape(-1, 1)." if arr.ndim == 1 else ""
-        raise ValueError(f"{name} must be 2-D (N events, D dimensions), got shape {arr.shape}.{hint}")
-    if arr.shape[0] == 0:
-        raise ValueError(
-            f"{name} is empty (0 events); pass at least {max(min_events, 1)} events"
-            + ("" if method == "train" else f" to {call}")
-        )
-    if D is not None and arr.shape[1] != D:
-        raise ValueError(
-            f"{name} has {arr.shape[1]} dimensions but the model has D={D}; "
-            f"pass data of shape (N, {D}) or build GMM(M, {arr.shape[1]})"
-        )
-    if arr.shape[0] < min_events:
-        raise ValueError(
-            f"{name} has N={arr.shape[0]} events, fewer than the M={min_events} components; "
-            "use fewer components or more data"
-        )
+    _check_shape(arr.shape, D, min_events, name, call)
     given = arr
     with np.errstate(over="ignore"):
         arr = np.ascontiguousarray(arr, dtype=dtype)
@@ -87,6 +70,26 @@ def check_data(
         )
     _FINITE.put(arr, True)
     return arr
+
+
+def _check_shape(shape, D, min_events, name, call) -> None:
+    """The shape checks of :func:`check_data` (host and CUDA arrays); messages start with the call."""
+    if len(shape) != 2:
+        hint = f" For a single feature use {name}.reshape(-1, 1)." if len(shape) == 1 else ""
+        raise ValueError(f"{call}: {name} must be 2-D (N events, D dimensions), got shape {tuple(shape)}.{hint}")
+    if shape[0] == 0:
+        need = max(min_events, 1)
+        raise ValueError(f"{call}: {name} is empty (0 events); pass at least {need} event{'s' * (need != 1)}")
+    if D is not None and shape[1] != D:
+        raise ValueError(
+            f"{call}: {name} has {shape[1]} dimensions but the model has D={D}; "
+            f"pass data of shape (N, {D}) or build GMM(M, {shape[1]})"
+        )
+    if shape[0] < min_events:
+        raise ValueError(
+            f"{call}: {name} has N={shape[0]} events, fewer than the M={min_events} components; "
+            "use fewer components or more data"
+        )
 
 
 @contextlib.contextmanager
@@ -268,22 +271,7 @@ class GMM:
         ``check`` the values are not looked at here: the session's transpose checks them."""
         X = cuda_arrays.in_dtype(X, self.dtype)
         info = cuda_arrays.describe(X)
-        shape = info["shape"]
-        call = "" if method == "train" else f" to {method}()"
-        if len(shape) != 2:
-            raise ValueError(f"X must be 2-D (N events, D dimensions), got shape {shape}")
-        if shape[0] == 0:
-            raise ValueError(f"X is empty (0 events); pass at least {max(min_events, 1)} events{call}")
-        if shape[1] != self.D:
-            raise ValueError(
-                f"X has {shape[1]} dimensions but the model has D={self.D}; pass data of shape "
-                f"(N, {self.D}) or build GMM(M, {shape[1]})"
-            )
-        if shape[0] < min_events:
-            raise ValueError(
-                f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer "
-                "components or more data"
-            )
+        _check_shape(info["shape"], self.D, min_events, "X", f"{method}()")
         bad = cuda_arrays.first_non_finite(X) if check else None
         if bad is not None:
             raise ValueError(

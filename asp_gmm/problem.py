@@ -103,3 +103,30 @@ def as_cvtype(covars, cvtype: str) -> np.ndarray:
     if cvtype == "spherical":
         return covars[:, 0].copy()
     return covars
+
+
+@dataclass(frozen=True)
+class BatchProblem(Problem):
+    """Many independent problems of one D, cvtype and dtype trained in one call (the class a
+    batched variant is selected and timed for).
+
+    Attributes
+    ----------
+    N : int
+        Events of all members together (timings are compared per event, as for one problem).
+    M : int
+        The largest member's components (smaller members are padded or run at their own M).
+    B : int
+        Members.
+    """
+
+    B: int = 1
+
+    def as_dict(self) -> dict:
+        return dict(super().as_dict(), B=self.B)
+
+    @classmethod
+    def of(cls, problems) -> "BatchProblem":
+        """The batch class of a non-empty list of :class:`Problem` of one D, cvtype and dtype."""
+        p0 = problems[0]
+        return cls(sum(p.N for p in problems), p0.D, max(p.M for p in problems), p0.cvtype, p0.dtype, B=len(problems))

@@ -861,12 +861,17 @@ class Policy:
         sel = self.selector
         if not isinstance(sel, HistorySelector):
             return None
+        history = None
         try:
             history = sel.history()
             if history is None:
                 return None
             idx = sel.index(backend, history)
-        except Exception:  # noqa: BLE001 - a broken history must not break the E-step choice
+        except Exception as exc:  # noqa: BLE001 - a broken history must not break the E-step choice
+            if history is not None:
+                sel.runtime.disable(history, exc)  # as plan() does: stop using it, warn once
+            else:
+                log.warning("asp_gmm: the tuning history could not be opened (%s); E-step by the default order", exc)
             return None
         measured = idx.classes.get(problem_class(problem), {})
         if not measured:

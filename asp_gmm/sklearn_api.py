@@ -428,6 +428,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         -------
         self
         """
+        self.__dict__.pop("_online_stats", None)  # a new fit: partial_fit starts again from its result
+        self.__dict__.pop("_online_steps", None)
         if _is_dask_array(X) or streaming.is_source(X):
             self._fit_large(X)
             return self
@@ -514,7 +516,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
                 ConvergenceWarning,
             )
-        self._set_parameters((r2.weights, r2.means, r2.covars), dt)
+        self._store((r2.weights, r2.means, r2.covars), dt)
         self.converged_ = bool(r1.converged)
         self.n_iter_ = int(r1.iters + 1) if self.max_iter else 0
         self.lower_bound_ = lbs[-1]
@@ -535,6 +537,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         batch EM fit: on a stationary stream it approaches a batch solution as the number of
         batches grows, with the noise of the last ~1/rho_t batches.
 
+        After :meth:`fit` (which discards the running statistics), the next call continues from the
+        fitted parameters: X's statistics under them become the running ones. Changing
+        ``n_components`` or ``covariance_type`` between calls raises a ``ValueError``; call
+        :meth:`fit` to start over.
+
         Parameters
         ----------
         X : array-like (n, D)
@@ -546,9 +553,19 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         """
         if hasattr(self, "_validate_params"):
             self._validate_params()
-        first = not hasattr(self, "_online_stats")
-        X = _validate_data(self, X, first, dtype=[np.float64, np.float32], ensure_min_samples=1)
         cvtype, M, reg = self.covariance_type, self.n_components, float(self.reg_covar)
+        fitted = hasattr(self, "means_")
+        if fitted:
+            M0, D0 = self.means_.shape
+            want = {"full": (M, D0, D0), "diag": (M, D0), "tied": (D0, D0), "spherical": (M,)}[cvtype]
+            if M0 != M or np.shape(self.covariances_) != want or getattr(self, "_fitted_cvtype", cvtype) != cvtype:
+                what, was, now = ("n_components", M0, M) if M0 != M else ("covariance_type", "another", repr(cvtype))
+                raise ValueError(
+                    f"partial_fit(): {what} changed from {was} to {now} since the model was fitted; "
+                    "call fit() to start over with the new value, or set it back"
+                )
+        first = not fitted
+        X = _validate_data(self, X, first, dtype=[np.float64, np.float32], ensure_min_samples=1)
         n, D = X.shape
         if first:
             if n < M:
@@ -574,7 +591,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             cvk = streaming.per_component(cv, cvtype, M, D)
             st = streaming.source_stats(self._specializer(prob), Xw, prob, w, mu, cvk, reg)
             st = st.scaled(1.0 / n)
-            if first:
+            if not hasattr(self, "_online_stats"):  # first batch, or first after fit(): X's statistics
                 self._online_stats, self._online_steps = st, 0
             else:
                 self._online_steps += 1
@@ -584,11 +601,11 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             _precision_cholesky(params[2], cvtype, D)
         except (NotPositiveDefiniteError, FloatingPointError) as exc:
             raise ValueError(f"{_ILL_DEFINED} ({exc})") from exc
-        self._set_parameters(params, dt)
+        self._store(params, dt)
         self.converged_ = False
         self.n_iter_ = self._online_steps + 1
         self.lower_bound_ = st.loglik
-        if first:
+        if self._online_steps == 0:
             self.lower_bounds_ = [st.loglik]
         else:
             self.lower_bounds_.append(st.loglik)
@@ -598,6 +615,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     def fit_predict(self, X, y=None):
         """Fit, then return the most likely component of each event of X (always equal to
         ``fit(X).predict(X)``)."""
+        self.__dict__.pop("_online_stats", None)
+        self.__dict__.pop("_online_steps", None)
         X = self._fit(X)
         return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
 
@@ -653,7 +672,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
                 "parameters, or increase max_iter, tol, or check for degenerate data.",
                 ConvergenceWarning,
             )
-        self._set_parameters(best, dt, from_precisions=(self.max_iter == 0 and do_init and inits[2] is not None))
+        self._store(best, dt, from_precisions=(self.max_iter == 0 and do_init and inits[2] is not None))
         self.converged_ = bool(best_conv)
         self.n_iter_ = int(best_n_iter)
         self.lower_bound_ = float(max_lower_bound)
@@ -759,7 +778,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return _label_params(X64, labels, M, reg, cvtype)
 
     # ------------------------------------------------------------------------------ parameters
-    def _set_parameters(self, params, dt, from_precisions=False):
+    def _store(self, params, dt, from_precisions=False):
+        """Set the fitted attributes from ``(weights, means, covariances)`` (float64) in ``dt``."""
         w, mu, cv = params
         cvtype = self.covariance_type
         if from_precisions:  # max_iter=0 with precisions_init: scikit-learn's factor of the precisions
@@ -768,11 +788,39 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             )
         else:
             pc = _precision_cholesky(cv, cvtype, mu.shape[1])
-        self.weights_ = np.asarray(w, dtype=dt)
-        self.means_ = np.asarray(mu, dtype=dt)
-        self.covariances_ = np.asarray(cv, dtype=dt)
-        self.precisions_cholesky_ = np.asarray(pc, dtype=dt)
-        self.precisions_ = np.asarray(ref.precisions_from_cholesky(pc, cvtype), dtype=dt)
+        self._set_parameters(tuple(np.asarray(a, dtype=dt) for a in (w, mu, cv, pc)))
+
+    def _get_parameters(self):
+        """scikit-learn's hook: ``(weights_, means_, covariances_, precisions_cholesky_)``."""
+        return (self.weights_, self.means_, self.covariances_, self.precisions_cholesky_)
+
+    def _set_parameters(self, params, xp=None):
+        """scikit-learn's hook (its tests call it): set ``(weights, means, covariances,
+        precisions_cholesky)`` as given and ``precisions_`` from the last, in its dtype."""
+        w, mu, cv, pc = params
+        self.weights_, self.means_, self.covariances_, self.precisions_cholesky_ = w, mu, cv, pc
+        dt = np.asarray(pc).dtype
+        self.precisions_ = np.asarray(
+            ref.precisions_from_cholesky(np.asarray(pc, np.float64), self.covariance_type), dt
+        )
+        self._fitted_cvtype = self.covariance_type
+
+    def _initialize(self, X, resp):
+        """scikit-learn's hook: the initial parameters from responsibilities ``resp`` (N, M) of X
+        (N, D), with ``weights_init``, ``means_init`` and ``precisions_init`` where given, in X's dtype."""
+        M, D, cvtype = resp.shape[1], X.shape[1], self.covariance_type  # M of resp, as scikit-learn's
+        nk, means, cov = _estimate_params(
+            np.asarray(X, np.float64), np.asarray(resp, np.float64), self.reg_covar, cvtype
+        )
+        weights = nk / X.shape[0] if self.weights_init is None else _check_weights(self.weights_init, M)
+        means = means if self.means_init is None else _check_means(self.means_init, M, D)
+        if self.precisions_init is None:
+            pc = _precision_cholesky(cov, cvtype, D)
+        else:
+            pc = ref.precision_cholesky_from_precisions(_check_precisions(self.precisions_init, cvtype, M, D), cvtype)
+            cov = ref.covariances_from_precision_cholesky(pc, cvtype)
+        dt = X.dtype if X.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+        self._set_parameters(tuple(np.asarray(a, dtype=dt) for a in (weights, means, cov, pc)))
 
     def _params64(self):
         return (

@@ -117,8 +117,19 @@ def _free_device_bytes(backend) -> int | None:
         with dev.active():
             free, _total = dev.drv.mem_get_info()
         return int(free)
-    except Exception:  # noqa: BLE001 - no device to ask: do not stream because of memory
+    except Exception as exc:  # noqa: BLE001 - no device to ask: do not stream because of memory
+        if not _warned_free_memory:
+            _warned_free_memory.append(exc)
+            log.warning(
+                "asp_gmm: could not read the GPU's free memory (%s: %s); in-memory fits will not be "
+                "streamed for lack of memory: set ASP_GMM_DEVICE_BUDGET (e.g. 8G) to bound them",
+                type(exc).__name__,
+                exc,
+            )
         return None
+
+
+_warned_free_memory: list = []  # the first failed free-memory query (warned once per process)
 
 
 def device_budget(backend) -> int | None:

@@ -42,7 +42,7 @@ PY
 python3 scripts/gpu_precompile.py 2>&1 | tee "$OUT/precompile.log"
 
 echo "== GPU tests"
-python3 -m pytest -q -rs ${GPU_TESTS:-tests/test_cuda_gpu.py tests/test_cuda_v5.py tests/test_cuda_compile.py} 2>&1 \
+python3 -m pytest -q -rs ${GPU_TESTS:-tests/test_cuda_gpu.py tests/test_cuda_v5.py tests/test_batch_gpu.py tests/test_cuda_compile.py} 2>&1 \
   | tee "$OUT/pytest_gpu.log"
 status+=("gpu tests: $(tail -1 "$OUT/pytest_gpu.log")")
 
@@ -52,7 +52,7 @@ status+=("benchmark: exit ${PIPESTATUS[0]}")
 
 if [ "${GPU_CHECK_SUITE:-1}" != "0" ]; then
   echo "== rest of the suite"
-  python3 -m pytest -q -rs tests --deselect tests/test_cuda_gpu.py --deselect tests/test_cuda_compile.py --deselect tests/test_cuda_v5.py \
+  python3 -m pytest -q -rs tests --deselect tests/test_cuda_gpu.py --deselect tests/test_cuda_compile.py --deselect tests/test_cuda_v5.py --deselect tests/test_batch_gpu.py \
     2>&1 | tee "$OUT/pytest_rest.log" | tail -5
   status+=("rest of suite: $(tail -1 "$OUT/pytest_rest.log")")
 fi

@@ -78,3 +78,52 @@ def labelled_blobs(rng, N, D, M, spread, scale, offset):
     mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
     cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
     return X, w, mu, cv
+
+
+#: .nv.info attributes of a cubin (NVIDIA's ELF): per-kernel register count and stack frame size
+_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE = 0x2F, 0x11
+#: shared memory the sm_90 driver reserves per block; the cubin's .nv.shared.<kernel> size includes it
+SYSTEM_SHARED = 1024
+
+
+def cubin_resources(cubin: bytes) -> dict:
+    """``{kernel: {"registers", "frame", "shared"}}`` read from a cubin itself, whichever compiler
+    (NVRTC or nvcc) made it and whatever it printed: registers per thread and stack frame bytes per
+    thread (spills go there: 0 means no spills) from the ``.nv.info`` attributes, static shared
+    memory bytes (without the system's :data:`SYSTEM_SHARED`) from the ``.nv.shared.<kernel>``
+    section. What ``cuobjdump -res-usage`` prints, without needing it installed."""
+    import struct
+
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ValueError("not a 64-bit ELF cubin")
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    entsize, count, strndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+
+    def cstr(at):
+        return cubin[at : cubin.index(b"\0", at)].decode()
+
+    secs = {cstr(heads[strndx][4] + h[0]): h for h in heads}
+    symtab, strtab = secs[".symtab"], secs[".strtab"]
+
+    def symbol(i):
+        return cstr(strtab[4] + struct.unpack_from("<I", cubin, symtab[4] + 24 * i)[0])
+
+    out: dict = {}
+    info = secs[".nv.info"]
+    blob, i = cubin[info[4] : info[4] + info[5]], 0
+    while i + 4 <= len(blob):
+        fmt, attr = blob[i], blob[i + 1]
+        if fmt != 4:  # values held in the entry itself
+            i += 4
+            continue
+        size = struct.unpack_from("<H", blob, i + 2)[0]
+        if attr in (_EIATTR_REGCOUNT, _EIATTR_FRAME_SIZE) and size == 8:
+            sym, val = struct.unpack_from("<II", blob, i + 4)
+            k = out.setdefault(symbol(sym), {"registers": 0, "frame": 0, "shared": 0})
+            k["registers" if attr == _EIATTR_REGCOUNT else "frame"] = val
+        i += 4 + size
+    for name, k in out.items():
+        sh = secs.get(f".nv.shared.{name}")
+        k["shared"] = max(int(sh[5]) - SYSTEM_SHARED, 0) if sh is not None else 0
+    return out

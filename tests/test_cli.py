@@ -314,3 +314,34 @@ def test_history_why_shows_the_plan_and_its_reasons(db, capsys, monkeypatch):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
     assert cli.main(["history", "why", "--N", "1000", "--D", "2", "--M", "2"]) == 0
     assert "(rule)" in capsys.readouterr().out
+
+
+def test_tune_without_matplotlib_names_the_extra(db, capsys, monkeypatch, tmp_path):
+    def no_matplotlib(*a, **k):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(autotune, "heatmap", no_matplotlib)
+    args = ["tune", "--N", "600", "--D", "2", "--M", "2", "--repeats", "1", "--quiet", "--out", str(tmp_path / "m.png")]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "no heat map" in err and "pip install 'asp_gmm[tune]'" in err
+
+
+def test_info_says_when_a_backends_variants_cannot_run_here(db, capsys, monkeypatch):
+    from asp_gmm import backends
+
+    monkeypatch.setattr(backends, "unavailable_reason", lambda name: "no GPU here" if name == "cuda" else None)
+    assert cli.main(["info", "--backend", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "backend cuda: not available (no GPU here)" in out
+    head = out.index("its variants (none can run here without the cuda backend)")
+    assert head < out.index("variant V1")
+
+
+def test_readme_commands_are_complete():
+    # what a newcomer copies from the README runs as written
+    readme = (ROOT / "README.md").read_text()
+    assert "clear --yes" in readme  # clear refuses without --yes
+    contract = readme[readme.index("The per-block contract") :]
+    contract = contract[: contract.index("\n\n")]
+    assert "CUDA" in contract and "through their sessions" not in contract

@@ -117,3 +117,46 @@ def test_the_drop_in_takes_them_through_the_host(rng):
     b = GaussianMixture(3, random_state=0, backend="c").fit(X)
     assert a.lower_bound_ == pytest.approx(b.lower_bound_, rel=1e-12)
     np.testing.assert_array_equal(a.predict(FakeCudaArray(X)), b.predict(X))
+
+
+class FakeDLPack:
+    """A DLPack producer (``__dlpack__``/``__dlpack_device__``) without ``__cuda_array_interface__``."""
+
+    def __init__(self, a, device=(2, 0)):
+        self.a, self.device = a, device
+
+    def __dlpack_device__(self):
+        return self.device
+
+    def __dlpack__(self, stream=None):  # pragma: no cover - the fake library below views it
+        raise AssertionError("viewed through from_dlpack, never consumed here")
+
+
+def test_dlpack_producers_are_viewed_through_cupy_or_torch(rng, monkeypatch):
+    import sys
+    import types
+
+    X = make_blobs(rng, 2000, 4, 3)
+    assert cuda_arrays.is_cuda_array(FakeDLPack(X)) and cuda_arrays.is_cuda_array(FakeDLPack(X, (13, 0)))
+    assert not cuda_arrays.is_cuda_array(FakeDLPack(X, (1, 0)))  # kDLCPU: not a CUDA array
+
+    class Broken(FakeDLPack):
+        def __dlpack_device__(self):
+            raise RuntimeError("cannot say")
+
+    assert not cuda_arrays.is_cuda_array(Broken(X))
+    # neither library: a clear error naming what to pass
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(cuda_arrays.CudaArrayError, match="neither CuPy nor PyTorch.*pass a CuPy array"):
+        cuda_arrays.describe(FakeDLPack(X))
+    # the first library present views it; the Face trains on it as on the array itself
+    seen = []
+    fake_torch = types.ModuleType("torch")
+    fake_torch.from_dlpack = lambda p: seen.append(p) or FakeCudaArray(p.a)
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    assert cuda_arrays.describe(FakeDLPack(X))["shape"] == (2000, 4) and len(seen) == 1
+    g = GMM(3, 4, dtype=np.float64, backend="c")
+    h = GMM(3, 4, dtype=np.float64, backend="c")
+    assert g.train(FakeDLPack(X)) == pytest.approx(h.train(X), rel=1e-12)
+    np.testing.assert_allclose(g.means, h.means, rtol=1e-12)

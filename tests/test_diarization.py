@@ -22,7 +22,6 @@ MEETING_RTTM = EX / "data" / "meeting.rttm"
 sys.path.insert(0, str(EX))
 
 sf = pytest.importorskip("soundfile")
-pytest.importorskip("librosa")
 
 import cluster  # noqa: E402
 import features  # noqa: E402

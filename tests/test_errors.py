@@ -8,6 +8,8 @@ from asp_gmm import errors, reference
 from asp_gmm.backends.numpy_ref import NumpyBackend
 from asp_gmm.problem import Problem
 from asp_gmm.tuning_db import errors as history_errors
+from asp_gmm import GMM
+from conftest import make_blobs
 
 
 @pytest.mark.parametrize(
@@ -80,3 +82,15 @@ def test_gmm_train_not_pd_is_catchable_both_ways():
             with pytest.raises(catch) as info:
                 g.train(X, max_em_iters=1)
             assert type(info.value) is asp_gmm.NotPositiveDefiniteError and info.value.component == 1
+
+
+@pytest.mark.parametrize("method", ["train", "score", "eval", "predict"])
+def test_shape_errors_name_the_call(method, rng):
+    X = make_blobs(rng, 200, 3, 2)
+    g = GMM(2, 3, backend="c")
+    g.train(X)
+    for bad, what in ((X[:, :2], r"has 2 dimensions but the model has D=3"), (X[:, 0], r"must be 2-D.*reshape")):
+        with pytest.raises(ValueError, match=rf"^{method}\(\): X {what}"):
+            getattr(g, method)(bad)
+    with pytest.raises(ValueError, match=rf"^{method}\(\): X is empty \(0 events\); pass at least 1 event$"):
+        getattr(GMM(1, 3, backend="c"), method)(np.zeros((0, 3)))

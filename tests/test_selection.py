@@ -476,3 +476,23 @@ def test_estep_choice_follows_the_preference_until_the_history_has_timings(tmp_p
     assert policy.choose_estep(be, far, cands)[0] is fast
     with pytest.raises(KernelError, match="E-step"):
         policy.choose_estep(be, p, [(fast, [])])
+
+
+def test_a_history_failing_in_the_estep_choice_is_reported_and_set_aside(tmp_path):
+    from asp_gmm.selection import Policy
+
+    class Runtime:
+        disabled = []
+
+        def disable(self, history, exc):
+            self.disabled.append((history, str(exc)))
+
+    be = FakeBackend()
+    fast, slow = fake_variant("estep_fast"), fake_variant("estep")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    sel = HistorySelector(h, runtime=Runtime())
+    sel.index = lambda backend, history=None: (_ for _ in ()).throw(OSError("disk gone"))
+    policy = Policy(sel, estep_preference={be.name: ["estep_fast", "estep"]})
+    assert policy.choose_estep(be, Problem(10_000, 4, 3), [(slow, [{}]), (fast, [{}])])[0] is fast
+    assert sel.runtime.disabled == [(h, "disk gone")]
+    h.close()

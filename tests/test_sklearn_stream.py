@@ -108,3 +108,53 @@ def test_partial_fit_checks_its_input(rng):
         GaussianMixture(M, online_kappa=0.3).partial_fit(X)
     with pytest.raises(ValueError, match="n_samples >= n_components"):
         GaussianMixture(M).partial_fit(X[:2])
+
+
+def test_fit_resets_what_partial_fit_accumulated(rng):
+    # partial_fit(A), fit(B), partial_fit(B) must be fit(B), partial_fit(B): nothing of A left over
+    A = make_blobs(rng, 600, D, M) + 40.0
+    B = make_blobs(rng, 600, D, M)
+    kw = dict(covariance_type="full", backend="c", random_state=0, max_iter=30)
+    g = GaussianMixture(M, **kw).partial_fit(A).fit(B).partial_fit(B)
+    h = GaussianMixture(M, **kw).fit(B).partial_fit(B)
+    np.testing.assert_allclose(g.means_, h.means_, rtol=0, atol=1e-9 * np.abs(h.means_).max())
+    np.testing.assert_allclose(g.covariances_, h.covariances_, rtol=0, atol=1e-9 * np.abs(h.covariances_).max())
+    assert g.n_iter_ == h.n_iter_ and g.lower_bounds_ == h.lower_bounds_
+    # partial_fit after fit continues from the fitted parameters (one online step, not a restart)
+    assert np.abs(h.means_ - GaussianMixture(M, **kw).fit(B).means_).max() < 0.5
+
+
+def test_partial_fit_names_a_changed_n_components(rng):
+    X = make_blobs(rng, 500, D, M)
+    p = GaussianMixture(M, backend="c").partial_fit(X)
+    p.set_params(n_components=M + 1)
+    with pytest.raises(ValueError, match=r"partial_fit\(\).*n_components.*3.*4.*fit\(\)"):
+        p.partial_fit(X)
+    p.set_params(covariance_type="diag", n_components=M)
+    with pytest.raises(ValueError, match=r"partial_fit\(\).*covariance_type"):
+        p.partial_fit(X)
+    p.fit(X)  # fit starts over with the new parameters; partial_fit then continues from it
+    p.partial_fit(X)
+    assert p.means_.shape == (M, D) and p.covariances_.shape == (M, D)
+
+
+@pytest.mark.parametrize("t0,kappa", [(2.0, 0.6), (5.0, 0.9)])
+def test_partial_fit_mixes_each_batch_in_with_its_step_size(rng, t0, kappa):
+    # the running statistics after update t are (1 - rho_t) S + rho_t s_t, rho_t = (t0 + t)^-kappa;
+    # the means are their first moments over their counts. Batches far apart make every rho visible.
+    kw = dict(covariance_type="diag", backend="c", dtype="float64", online_t0=t0, online_kappa=kappa)
+    batches = [make_blobs(rng, 300, D, M) + 4.0 * t for t in range(5)]
+    w0 = np.full(M, 1.0 / M)
+    mu0 = batches[0][:M].copy()
+    prec0 = np.repeat((1.0 / batches[0].var(0))[None], M, 0)
+    start = GaussianMixture(M, weights_init=w0, means_init=mu0, precisions_init=prec0, max_iter=0, **kw)
+    p = GaussianMixture(M, weights_init=w0, means_init=mu0, precisions_init=prec0, **kw)
+    S = None
+    for t, Xb in enumerate(batches):
+        # posteriors of the batch under the parameters before the step (the initial ones at t = 0)
+        r = (start.fit(Xb) if t == 0 else p).predict_proba(Xb)
+        s = np.concatenate([r.mean(0)[:, None], r.T @ Xb / len(Xb)], axis=1)  # (M, 1 + D): counts, moments
+        S = s if t == 0 else (1 - (t0 + t) ** -kappa) * S + (t0 + t) ** -kappa * s
+        p.partial_fit(Xb)
+        np.testing.assert_allclose(p.means_, S[:, 1:] / S[:, :1], rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(p.weights_, S[:, 0] / S[:, 0].sum(), rtol=1e-9)

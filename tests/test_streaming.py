@@ -254,3 +254,43 @@ def test_block_statistics_of_c_and_numpy_agree(rng):
         np.testing.assert_allclose(a.nk, b.nk, rtol=1e-12)
         np.testing.assert_allclose(a.sumx, b.sumx, rtol=1e-11, atol=1e-9)
         np.testing.assert_allclose(a.s2, b.s2, rtol=1e-11, atol=1e-9)
+
+
+def test_pass_sums_are_compensated_across_blocks():
+    # a large first block and many small ones: plain float64 addition loses every small block
+    # (1e16 + 1 == 1e16); the compensated sums keep them, in add_block and in add (Dask's tree)
+    from types import SimpleNamespace
+
+    def block(ll, nk):
+        nk = np.full(2, nk)
+        return SimpleNamespace(n=1, loglik=ll, nk=nk, sumx=np.zeros((2, 1)), s2=np.zeros((2, 1)))
+
+    st = streaming.SuffStats(2, 1, "diag", np.zeros((2, 1)))
+    st.add_block(block(1e16, 1e16))
+    for _ in range(1000):
+        st.add_block(block(1.0, 1.0))
+    st.add_block(block(-1e16, -1e16))
+    assert st.loglik == 1000.0 and np.array_equal(st.nk, [1000.0, 1000.0])
+    parts = [streaming.SuffStats(2, 1, "diag", np.zeros((2, 1))) for _ in range(3)]
+    parts[0].add_block(block(1e16, 0.0))
+    for _ in range(500):
+        parts[1].add_block(block(1.0, 0.0))
+    parts[2].add_block(block(-1e16, 0.0))
+    assert parts[0].add(parts[1]).add(parts[2]).loglik == 500.0
+
+
+def test_a_failed_device_memory_query_is_reported(monkeypatch, caplog):
+    class NoDevice:
+        name = "cuda"
+
+        @property
+        def device(self):
+            raise RuntimeError("driver gone")
+
+    monkeypatch.delenv("ASP_GMM_DEVICE_BUDGET", raising=False)
+    monkeypatch.setattr(streaming, "_warned_free_memory", [])
+    with caplog.at_level(logging.WARNING, logger="asp_gmm"):
+        assert streaming.device_budget(NoDevice()) is None
+        assert streaming.device_budget(NoDevice()) is None
+    msgs = [r.getMessage() for r in caplog.records if "free memory" in r.getMessage()]
+    assert len(msgs) == 1 and "driver gone" in msgs[0] and "ASP_GMM_DEVICE_BUDGET" in msgs[0]

@@ -1,4 +1,5 @@
-"""SQLAlchemy 2.x models of the tuning history.
+"""SQLAlchemy 2.x tables of the tuning history (SQLAlchemy Core: importing the ORM would cost a
+fresh process ~0.1 s before its first ``train``, for nothing the history uses).
 
 Four tables:
 
@@ -21,10 +22,19 @@ Four tables:
 
 from __future__ import annotations
 
-from datetime import datetime
-
-from sqlalchemy import Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 
 #: Bump when a table changes; files of another version are refused with a message (no silent reuse).
 #: 2: ``timings.threads`` (the CPU threads a call used); devices' columns from typed fingerprints, one
@@ -40,64 +50,93 @@ DTYPES = ("float32", "float64")
 INT_MAX = 2**31 - 1
 
 
-class Base(DeclarativeBase):
-    pass
+class _Model:
+    """A table with its columns as attributes (``Timing.uid``, ``Timing.__table__``); usable
+    wherever SQLAlchemy takes a table (``select_from(Timing)``, ``delete(Timing)``)."""
+
+    def __init__(self, table: Table):
+        self.__table__ = table
+        self.__tablename__ = table.name
+
+    def __getattr__(self, name):
+        try:
+            return self.__table__.c[name]
+        except KeyError:
+            raise AttributeError(f"table {self.__tablename__} has no column {name!r}") from None
+
+    def __clause_element__(self):
+        return self.__table__
 
 
-class SchemaInfo(Base):
-    __tablename__ = "asp_gmm_schema"
+class Base:
+    """What ``create_all`` needs: the tables' metadata."""
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    version: Mapped[int] = mapped_column(Integer, nullable=False)
-    created_by: Mapped[str] = mapped_column(String(64), default="")
-    created_at: Mapped[datetime] = mapped_column(nullable=False)
+    metadata = MetaData()
 
 
-class Device(Base):
-    __tablename__ = "devices"
+SchemaInfo = _Model(
+    Table(
+        "asp_gmm_schema",
+        Base.metadata,
+        Column("id", Integer, primary_key=True),
+        Column("version", Integer, nullable=False),
+        Column("created_by", String(64), default=""),
+        Column("created_at", DateTime, nullable=False),
+    )
+)
 
-    id: Mapped[str] = mapped_column(String(64), primary_key=True)
-    backend: Mapped[str] = mapped_column(String(32), nullable=False)
-    model: Mapped[str] = mapped_column(String(256), default="")
-    isa: Mapped[str] = mapped_column(String(512), default="")  # ISA extensions or compute capability
-    cores: Mapped[int] = mapped_column(Integer, default=0)  # hardware threads or SMs
-    driver: Mapped[str] = mapped_column(String(256), default="")
-    compiler: Mapped[str] = mapped_column(String(512), default="")
-    fingerprint: Mapped[str] = mapped_column(Text, nullable=False)  # canonical JSON, all fields
-    created_at: Mapped[datetime] = mapped_column(nullable=False)
+Device = _Model(
+    Table(
+        "devices",
+        Base.metadata,
+        Column("id", String(64), primary_key=True),
+        Column("backend", String(32), nullable=False),
+        Column("model", String(256), default=""),
+        Column("isa", String(512), default=""),  # ISA extensions or compute capability
+        Column("cores", Integer, default=0),  # hardware threads or SMs
+        Column("driver", String(256), default=""),
+        Column("compiler", String(512), default=""),
+        Column("fingerprint", Text, nullable=False),  # canonical JSON, all fields
+        Column("created_at", DateTime, nullable=False),
+    )
+)
 
+Variant = _Model(
+    Table(
+        "variants",
+        Base.metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("backend", String(32), nullable=False),
+        Column("name", String(64), nullable=False),
+        Column("tunables", String(512), nullable=False, default="{}"),  # canonical JSON
+        Column("source_sha256", String(64), nullable=False),
+        UniqueConstraint("backend", "name", "tunables", "source_sha256", name="uq_variant"),
+    )
+)
 
-class Variant(Base):
-    __tablename__ = "variants"
-    __table_args__ = (UniqueConstraint("backend", "name", "tunables", "source_sha256", name="uq_variant"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    backend: Mapped[str] = mapped_column(String(32), nullable=False)
-    name: Mapped[str] = mapped_column(String(64), nullable=False)
-    tunables: Mapped[str] = mapped_column(String(512), nullable=False, default="{}")  # canonical JSON
-    source_sha256: Mapped[str] = mapped_column(String(64), nullable=False)
-
-
-class Timing(Base):
-    __tablename__ = "timings"
-    __table_args__ = (Index("ix_timings_device_problem", "device_id", "cvtype", "dtype", "D", "M", "N"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    uid: Mapped[str] = mapped_column(String(32), unique=True, nullable=False)
-    device_id: Mapped[str] = mapped_column(ForeignKey("devices.id"), nullable=False)
-    variant_id: Mapped[int] = mapped_column(ForeignKey("variants.id"), nullable=False)
-    N: Mapped[int] = mapped_column(Integer, nullable=False)
-    D: Mapped[int] = mapped_column(Integer, nullable=False)
-    M: Mapped[int] = mapped_column(Integer, nullable=False)
-    cvtype: Mapped[str] = mapped_column(String(8), nullable=False)
-    dtype: Mapped[str] = mapped_column(String(16), nullable=False)
-    seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # per EM iteration, median
-    cov_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)  # covariance part, median
-    repeats: Mapped[int] = mapped_column(Integer, nullable=False, default=1)
-    status: Mapped[str] = mapped_column(String(16), nullable=False)
-    created_at: Mapped[datetime] = mapped_column(nullable=False)
-    package_version: Mapped[str] = mapped_column(String(32), default="")
-    threads: Mapped[int | None] = mapped_column(Integer, nullable=True)  # CPU threads the run used
-    # schema 3: a timing measured on a sample of the events of a call of N = sampled_from events
-    # (the row's N is the sample's); it stands for that call's problem class, marked apart
-    sampled_from: Mapped[int | None] = mapped_column(Integer, nullable=True)
+Timing = _Model(
+    Table(
+        "timings",
+        Base.metadata,
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("uid", String(32), unique=True, nullable=False),
+        Column("device_id", ForeignKey("devices.id"), nullable=False),
+        Column("variant_id", ForeignKey("variants.id"), nullable=False),
+        Column("N", Integer, nullable=False),
+        Column("D", Integer, nullable=False),
+        Column("M", Integer, nullable=False),
+        Column("cvtype", String(8), nullable=False),
+        Column("dtype", String(16), nullable=False),
+        Column("seconds", Float, nullable=True),  # per EM iteration, median
+        Column("cov_seconds", Float, nullable=True),  # covariance part, median
+        Column("repeats", Integer, nullable=False, default=1),
+        Column("status", String(16), nullable=False),
+        Column("created_at", DateTime, nullable=False),
+        Column("package_version", String(32), default=""),
+        Column("threads", Integer, nullable=True),  # CPU threads the run used
+        # schema 3: a timing measured on a sample of the events of a call of N = sampled_from events
+        # (the row's N is the sample's); it stands for that call's problem class, marked apart
+        Column("sampled_from", Integer, nullable=True),
+        Index("ix_timings_device_problem", "device_id", "cvtype", "dtype", "D", "M", "N"),
+    )
+)

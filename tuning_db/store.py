@@ -525,7 +525,7 @@ class History:
     def _insert(self, rows, skip_existing: bool, devices: dict | None = None, bound: bool = False) -> int:
         with self._write() as conn:
             if bound:
-                self._bound(conn, rows)
+                rows = self._bound(conn, rows)
             fps = dict(self._fingerprints)
             fps.update(devices or {})
             for dev in {r.device_id for r in rows}:
@@ -587,23 +587,30 @@ class History:
                 conn.execute(Timing.__table__.insert(), [dict(zip(cols, v)) for v in values])
         return len(values)
 
-    def _bound(self, conn, rows) -> None:
+    def _bound(self, conn, rows) -> list:
         """Keep the history's growth bounded: before ``rows`` are inserted, delete the oldest ok
         timings of each (device, configuration, cvtype, dtype, D, M, problem class, sampled or
-        not) that ``rows`` add to, so that at most :attr:`keep_per_class` remain with the new ones.
+        not) that ``rows`` add to, so that at most :attr:`keep_per_class` remain with the new ones;
+        returns ``rows`` without the oldest ok ones of a class beyond that bound within the batch.
         The problem class is N in half-octaves (``round(2 log2 N)``, of ``sampled_from`` for a
         sampled timing), as selection groups timings; failures are always kept (a few per key)."""
         keep = self.keep_per_class
         if not keep:
-            return
+            return rows
         T = Timing.__table__.c
         touched: dict = {}
-        for r in rows:
+        skip = set()
+        for r in reversed(rows):  # newest first: the batch's own oldest beyond the bound are dropped
             if r.status == "ok":
                 k = (r.device_id, r.variant, r.cvtype, r.dtype, r.D, r.M)
                 cls = (round(2 * math.log2(max(r.sampled_from or r.N, 1))), r.sampled_from is not None)
                 touched.setdefault(k, {}).setdefault(cls, 0)
-                touched[k][cls] += 1
+                if touched[k][cls] >= keep:
+                    skip.add(r.uid)
+                else:
+                    touched[k][cls] += 1
+        if skip:
+            rows = [r for r in rows if r.uid not in skip]
         for (dev, vk, cv, dt, D, M), classes in touched.items():
             vid = self._variant_id(conn, vk)
             q = (
@@ -631,6 +638,7 @@ class History:
                     drop.append(id_)
             for i in range(0, len(drop), 500):
                 conn.execute(delete(Timing).where(T.id.in_(drop[i : i + 500])))
+        return rows
 
     def _ensure_device(self, conn, device_id: str, fp: dict):
         if device_id in self._known_devices:

@@ -131,24 +131,34 @@ class Backend:
             self._GMM, self._bic = api.GMM, api.compute_distance_BIC
             self._prepare = None
             self._freeze = None
+            self._many = None
             self._kw = {}
         else:
             try:
                 try:
-                    from asp_gmm import GMM, compute_distance_BIC, freeze, prepare
+                    import asp_gmm
                 except ImportError:
                     # Run from a source checkout without installing: the package is two levels up.
                     import sys
                     from pathlib import Path
 
                     sys.path.append(str(Path(__file__).resolve().parents[2]))
-                    from asp_gmm import GMM, compute_distance_BIC, freeze, prepare
+                    import asp_gmm
+                GMM, compute_distance_BIC = asp_gmm.GMM, asp_gmm.compute_distance_BIC
+                freeze, prepare = asp_gmm.freeze, asp_gmm.prepare
             except ImportError as e:
                 raise DiarizationError(
                     f"backend {name!r} needs the asp_gmm package ({e}); "
                     "install it (pip install -e .) or use --backend sklearn"
                 ) from None
             self._GMM, self._bic, self._prepare, self._freeze = GMM, compute_distance_BIC, prepare, freeze
+            # many models in one call: cluster retraining, resegmentation scores, candidate merges
+            self._many = (
+                asp_gmm.train_many,
+                asp_gmm.score_many,
+                asp_gmm.compute_distance_BIC_many,
+                asp_gmm.prepare_many,
+            )
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
                 self.name = f"auto:{GMM(1, 1, backend='auto').backend}"
@@ -164,9 +174,29 @@ class Backend:
         return self._GMM(*a, **kw, **self._kw)
 
     def prepare(self, D, Ms, N, cvtype, dtype):
-        """Load (or compile) the code for models of these component counts ahead of the run."""
+        """Load (or compile) the code for models of these component counts ahead of the run: the
+        single calls' and, where the implementation batches, the batched calls' (and its history)."""
         if self._prepare is not None:
             self._prepare(D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
+        if self._many is not None:
+            self._many[3](D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
+
+    @property
+    def batched(self) -> bool:
+        """Whether the implementation trains and scores many models in one call."""
+        return self._many is not None
+
+    def train_many(self, gmms, datas, em_iters):
+        """Every model trained on its frames in one call; their log-likelihoods."""
+        return self._many[0](gmms, datas, min_em_iters=em_iters, max_em_iters=em_iters)
+
+    def score_many(self, gmms, X):
+        """(k, n) per-model log-likelihoods of the frames X, in one call."""
+        return np.stack(self._many[1](gmms, X))
+
+    def bic_many(self, pairs, datas, em_iters):
+        """compute_distance_BIC of every pair on its frames, the merged models trained in one call."""
+        return self._many[2](pairs, datas, min_em_iters=em_iters, max_em_iters=em_iters)
 
     def bic(self, g1, g2, X, em_iters):
         """compute_distance_BIC on the union X of both clusters' frames. L(g1), L(g2) are the
@@ -294,8 +324,31 @@ class Clusterer:
         self.prof.calls[kind] += len(items)
         return out
 
-    def _train_all(self, gmms, datas):
-        it = self.p.em_iters
+    def _batches(self, kind, fn, items):
+        """``fn(items)`` for a batched implementation: one call, or, with n_jobs threads, one call
+        per thread on every n_jobs-th item (each call single-threaded inside); the results in
+        the order of ``items``, timed as ``kind``."""
+        t0 = time.perf_counter()
+        k = self.p.n_jobs if self._pool is not None else 1
+        if k > 1 and len(items) > 1:
+            parts = list(self._pool.map(fn, [items[i::k] for i in range(k)]))
+            out = [None] * len(items)
+            for i, part in enumerate(parts):
+                out[i::k] = part
+        else:
+            out = list(fn(items))
+        self.prof.seconds[kind] += time.perf_counter() - t0
+        self.prof.calls[kind] += len(items)
+        return out
+
+    def _train_all(self, gmms, datas, iters=None):
+        it = iters or self.p.em_iters
+        if self.be.batched:
+            return self._batches(
+                "train",
+                lambda its: self.be.train_many([g for g, _ in its], [d for _, d in its], it),
+                list(zip(gmms, datas)),
+            )
         return self._map(
             "train", lambda g, X: float(g.train(X, min_em_iters=it, max_em_iters=it)), list(zip(gmms, datas))
         )
@@ -304,6 +357,8 @@ class Clusterer:
         """(k, n) per-cluster log-likelihoods of every frame (a row per cluster: the votes walk
         rows, which is contiguous)."""
         X = self.X
+        if self.be.batched:
+            return np.stack(self._batches("score", lambda gs: list(self.be.score_many(gs, X)), self.gmms))
         rows = self._map("score", lambda g: g.score(X), [(g,) for g in self.gmms])
         return np.stack(rows)
 
@@ -374,17 +429,25 @@ class Clusterer:
             if p.pre_iters:
                 # bring every cluster model closer to convergence on its own frames, so that a
                 # merged model's extra EM iterations are not mistaken for a better fit
-                it = p.pre_iters
-                self._map(
-                    "train", lambda g, X: g.train(X, min_em_iters=it, max_em_iters=it), list(zip(self.gmms, self.data))
-                )
+                self._train_all(self.gmms, self.data, p.pre_iters)
             bic_iters = p.bic_iters or p.em_iters
 
             def score_pair(i, j):
                 Xij = np.concatenate([self.data[i], self.data[j]])
                 return self.be.bic(self.gmms[i], self.gmms[j], Xij, bic_iters)
 
-            results = self._map("bic", score_pair, pairs)
+            if self.be.batched:
+                results = self._batches(
+                    "bic",
+                    lambda ps: self.be.bic_many(
+                        [(self.gmms[i], self.gmms[j]) for i, j in ps],
+                        [np.concatenate([self.data[i], self.data[j]]) for i, j in ps],
+                        bic_iters,
+                    ),
+                    pairs,
+                )
+            else:
+                results = self._map("bic", score_pair, pairs)
             # gain of every merge per frame of the pair
             pf = np.array([sc / (len(self.data[i]) + len(self.data[j])) for (i, j), (_, sc) in zip(pairs, results)])
             self.rounds.append((k, [len(d) for d in self.data], pf))

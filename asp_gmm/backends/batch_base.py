@@ -1,0 +1,167 @@
+"""Batched sessions: many independent problems (one D, cvtype and dtype; each its own data, N and
+M) trained in one call. A backend's batched variants (``phase = "batch"`` manifests) are compiled
+and opened through a :class:`BatchSupport`; :class:`LoopBatchSession` runs the members one after
+another on ordinary sessions (the NumPy backend, and the reference the batched variants are
+tested against).
+
+Members fail alone: a member whose parameters are not positive definite, or whose EM fails, gets
+its exception in its :class:`MemberRun` and keeps its last good parameters; the others run on.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import registry
+from ..problem import BatchProblem, Problem
+from .base import Backend, Kernel
+
+
+@dataclass
+class MemberRun:
+    """What a batched EM call did for one member (see :class:`asp_gmm.backends.base.EMRun`).
+
+    ``error`` is the exception the member raised (its parameters are then its last good ones),
+    ``None`` when it ran."""
+
+    loglik: float = float("nan")
+    iters: int = 0
+    converged: bool = False
+    loglik_trace: list = field(default_factory=list)
+    seconds: float = 0.0
+    error: BaseException | None = None
+
+
+class BatchSession(abc.ABC):
+    """The members' data and parameters on one backend.
+
+    Parameters are exchanged per member in float64: ``(weights (M_b,), means (M_b, D), covars
+    (M_b, D, D) or (M_b, D))``."""
+
+    problems: list
+
+    @abc.abstractmethod
+    def set_params(self, params: list, reg_covars: list) -> list:
+        """Load every member's parameters; returns, per member, ``None`` or the exception
+        (:class:`asp_gmm.errors.NotPositiveDefiniteError`) that refused them."""
+
+    @abc.abstractmethod
+    def em(self, *, min_iters: int, max_iters: int, tol: float, reg_covars: list, skip=()) -> list:
+        """EM on every member not in ``skip`` (indices); a :class:`MemberRun` per member."""
+
+    @abc.abstractmethod
+    def params(self, b: int):
+        """Float64 copies ``(weights, means, covars)`` of member ``b``."""
+
+    @abc.abstractmethod
+    def score(self, skip=()) -> list:
+        """Per member: its per-event log-likelihood ``(N_b,)`` in the problem dtype, or the
+        exception its E-step raised (``None`` for members in ``skip``)."""
+
+    def close(self) -> None:  # pragma: no cover - default: garbage collection frees everything
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class BatchSupport(abc.ABC):
+    """A backend's batched variants: which exist, compiling them, opening sessions."""
+
+    #: Batched variant names in the order the fixed rule prefers them (when nothing is measured).
+    preference: tuple = ()
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def variants(self) -> list:
+        return registry.variants(self.backend.name, "batch")
+
+    def tunables_for(self, variant, problem: BatchProblem) -> dict | None:
+        return variant.first_allowed(problem, extra=self.backend.limit_context())
+
+    def is_ready(self, variant, tunables, problem: BatchProblem) -> bool:
+        return True
+
+    @abc.abstractmethod
+    def kernel(self, variant, tunables, problem: BatchProblem) -> Kernel:
+        """Compile (or load) the batched variant for the batch's class."""
+
+    @abc.abstractmethod
+    def open(self, Xs: list, problems: list, kernel: Kernel) -> BatchSession:
+        """A session over the members' data ``Xs`` (each ``(N_b, D)``) of ``problems``."""
+
+
+class LoopBatchSession(BatchSession):
+    """One ordinary session per member, run in turn with ``kernel`` (a covariance kernel of the
+    backend, or ``kernels[b]`` per member)."""
+
+    def __init__(self, backend: Backend, Xs: list, problems: list, kernels: list):
+        self.backend, self.problems, self._kernels = backend, list(problems), list(kernels)
+        self._sessions = [backend.open(X, p) for X, p in zip(Xs, problems)]
+
+    def set_params(self, params, reg_covars):
+        out = []
+        for s, (w, mu, cv), reg in zip(self._sessions, params, reg_covars):
+            try:
+                s.set_params(w, mu, cv, reg)
+                out.append(None)
+            except (ArithmeticError, ValueError, np.linalg.LinAlgError) as exc:
+                out.append(exc)
+        return out
+
+    def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
+        runs = []
+        for b, (s, k, reg) in enumerate(zip(self._sessions, self._kernels, reg_covars)):
+            if b in skip:
+                runs.append(MemberRun())
+                continue
+            t0 = time.perf_counter()
+            try:
+                r = s.em(k, min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covar=reg)
+            except (ArithmeticError, ValueError, np.linalg.LinAlgError, RuntimeError) as exc:
+                runs.append(MemberRun(error=exc, seconds=time.perf_counter() - t0))
+                continue
+            runs.append(MemberRun(r.loglik, r.iters, r.converged, list(r.loglik_trace), time.perf_counter() - t0))
+        return runs
+
+    def params(self, b):
+        return self._sessions[b].params()
+
+    def score(self, skip=()):
+        out = []
+        for b, s in enumerate(self._sessions):
+            if b in skip:
+                out.append(None)
+                continue
+            try:
+                out.append(s.eval(False)[0])
+            except (ArithmeticError, ValueError, np.linalg.LinAlgError, RuntimeError) as exc:
+                out.append(exc)
+        return out
+
+    def close(self):
+        for s in self._sessions:
+            s.close()
+
+
+def member_problems(problems: list) -> BatchProblem:
+    """The batch class of ``problems`` (see :class:`asp_gmm.problem.BatchProblem`)."""
+    return BatchProblem.of(problems)
+
+
+def check_problems(problems: list) -> None:
+    """Members of one batch share D, cvtype and dtype."""
+    p0 = problems[0]
+    for b, p in enumerate(problems):
+        if not isinstance(p, Problem) or (p.D, p.cvtype, p.dtype) != (p0.D, p0.cvtype, p0.dtype):
+            raise ValueError(
+                f"member {b} is {p}; every member of a batch has D={p0.D}, cvtype={p0.cvtype!r}, dtype={p0.dtype!r}"
+            )

@@ -1,0 +1,369 @@
+"""Batched EM on the GPU: the ``phase = "batch"`` variants of ``variants/cuda`` (``GB``: a ragged
+batch with offsets, one launch per EM phase for the whole batch).
+
+All members' events are concatenated into one float32 array ``X [Ntot][D]`` (member b owns rows
+``off[b]:off[b+1]``), uploaded once; blocks of the E-step are mapped to members by two small
+tables (``blk_member``, ``blk_first``), so no member is padded to another's N. Parameters live on
+the device as ``[B][MP]`` arrays, MP the batch's largest M rounded up to its component class
+(components past a member's M have weight 0 and are skipped). Per EM iteration the host issues
+two launches (M-step, E-step) and reads back B log-likelihoods and B status words, and decides
+each member's convergence by the one rule (:func:`asp_gmm.reference.converged`); members that are
+done or failed are switched off for the next launches.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from ...errors import NonFiniteError, NotPositiveDefiniteError
+from ...problem import BatchProblem, Problem
+from ...reference import change_per_event, converged
+from ..base import Kernel
+from ..batch_base import BatchSession, BatchSupport, MemberRun
+from .backend import component_class
+from .compile import binary_name, is_cached, load_module, render_source
+
+#: pycuda argument signatures of the batched kernels (P: a device pointer)
+SIGNATURES = {
+    "asp_batch_factor": "PPPPPPPP",
+    "asp_batch_estep": "PPPPPPPPPPPPPP",
+    "asp_batch_mstep": "PPPPPPPPPPPPPP",
+}
+
+
+def binary_problem(problem) -> Problem:
+    """The class a batched binary is compiled for: D, the largest M rounded up to its component
+    class, cvtype, dtype (N and the member count are run-time arguments)."""
+    return Problem(0, problem.D, component_class(problem.M), problem.cvtype, problem.dtype)
+
+
+class CudaBatchSupport(BatchSupport):
+    """Compiles and loads the CUDA batched variants (one module per (D, component class, cvtype,
+    tunables))."""
+
+    preference = ("GB",)
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self._mods: dict = {}
+        self._lock = threading.Lock()
+
+    def tunables_for(self, variant, problem):
+        bp = BatchProblem(problem.N, problem.D, component_class(problem.M), problem.cvtype, problem.dtype, B=problem.B)
+        return variant.first_allowed(bp, extra=self.backend.limit_context())
+
+    def _source(self, variant, tun, problem):
+        p = binary_problem(problem)
+        return render_source(variant, tun, p), binary_name(variant, tun, p)
+
+    def _tun(self, variant, tunables):
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        return tun
+
+    def _key(self, variant, tun, problem):
+        p = binary_problem(problem)
+        return (variant.key, variant.source_sha256, tuple(sorted(tun.items())), p.D, p.M, p.cvtype, p.dtype)
+
+    def is_ready(self, variant, tunables, problem):
+        tun = self._tun(variant, tunables)
+        if self._key(variant, tun, problem) in self._mods:
+            return True
+        src, name = self._source(variant, tun, problem)
+        return is_cached(src, self.backend.device.arch, name)
+
+    def kernel(self, variant, tunables, problem):
+        tun = self._tun(variant, tunables)
+        key = self._key(variant, tun, problem)
+        k = self._mods.get(key)
+        if k is not None:
+            return k
+        dev = self.backend.device
+        src, name = self._source(variant, tun, problem)
+        with self._lock:
+            k = self._mods.get(key)
+            if k is None:
+                mod, path = load_module(dev, src, name)
+                fns = {}
+                with dev.active():
+                    for fname, sig in SIGNATURES.items():
+                        fn = mod.get_function(fname)
+                        fn.prepare(sig)
+                        fns[fname] = fn
+                k = self._mods[key] = Kernel(variant, tun, handle=(mod, fns, binary_problem(problem)), binary=str(path))
+        return k
+
+    def open(self, Xs, problems, kernel):
+        return CudaBatchSession(self.backend, Xs, problems, kernel)
+
+
+class CudaBatchSession(BatchSession):
+    """The members' events and parameters on the GPU (see the module documentation)."""
+
+    def __init__(self, backend, Xs, problems, kernel):
+        self.backend, self.problems = backend, list(problems)
+        self.dev = dev = backend.device
+        self.drv = dev.drv
+        _mod, self.fns, bp = kernel.handle
+        self.threads = int(kernel.tunables["threads"])
+        self.D, self.MP, self.full = bp.D, bp.M, bp.cvtype == "full"
+        self.cells = self.D * (self.D + 1) // 2 if self.full else self.D
+        B, T = len(problems), self.threads
+        Ns = np.array([p.N for p in problems], np.int64)
+        self.off = np.zeros(B + 1, np.int32)
+        np.cumsum(Ns, out=self.off[1:])
+        nblk = -(-Ns // T)
+        self.nblocks = int(nblk.sum())
+        blk_member = np.repeat(np.arange(B, dtype=np.int32), nblk)
+        starts = np.repeat(self.off[:-1].astype(np.int64), nblk)
+        within = np.arange(self.nblocks, dtype=np.int64) - np.repeat(np.cumsum(nblk) - nblk, nblk)
+        blk_first = (starts + within * T).astype(np.int32)
+        self.mcount = np.array([p.M for p in problems], np.int32)
+        # members given the same array (scoring one data set under many models) share its rows
+        first, parts, xoff, rows = {}, [], np.zeros(B, np.int64), 0
+        for b, Xb in enumerate(Xs):
+            k = id(Xb)
+            if k not in first:
+                first[k] = rows
+                parts.append(Xb)
+                rows += len(Xb)
+            xoff[b] = first[k]
+        ntot = int(self.off[-1])
+        self._bufs = []
+        with dev.active():
+            # large arrays straight to their rows on the device (no host concatenation of the
+            # merged clusters' frames); many small ones concatenated first (one copy, not one each)
+            self.X = self._alloc(rows * self.D * 4)
+            if len(parts) > 1 and rows * self.D * 4 < len(parts) << 20:
+                parts = [np.concatenate(parts)]
+            at = 0
+            for part in parts:
+                a = np.ascontiguousarray(part, dtype=np.float32)
+                if a.nbytes:
+                    self.drv.memcpy_htod(int(self.X) + at, a)
+                at += a.nbytes
+            self.d_xoff = self._put(xoff.astype(np.int32))
+            self.d_off = self._put(self.off)
+            self.d_blk_member = self._put(blk_member)
+            self.d_blk_first = self._put(blk_first)
+            self.d_mcount = self._put(self.mcount)
+            self.resp = self._alloc(max(ntot, 1) * self.MP * 4)
+            self.lp = self._alloc(max(ntot, 1) * 4)
+            self.wsrc = self._alloc(B * self.MP * 8)
+            self.mu = self._alloc(B * self.MP * self.D * 8)
+            self.cov = self._alloc(B * self.MP * self.cells * 8)
+            self.muf = self._alloc(B * self.MP * self.D * 4)
+            self.prec = self._alloc(B * self.MP * self.cells * 4)
+            self.logd = self._alloc(B * self.MP * 4)
+            self.ll = self._alloc(B * 8)
+            self.act = self._alloc(B * 4)
+            self.bad = self._alloc(B * 4)
+            self.reg = self._alloc(B * 8)
+        self._host = None  # (wsrc, mu, cov) read back once after a run
+        self._reg = np.zeros(B)
+
+    # ------------------------------------------------------------------ memory
+    def _alloc(self, nbytes):
+        buf = self.drv.mem_alloc(max(int(nbytes), 8))
+        self._bufs.append(buf)
+        return buf
+
+    def _put(self, a):
+        buf = self._alloc(a.nbytes)
+        if a.nbytes:
+            self.drv.memcpy_htod(buf, a)
+        return buf
+
+    def close(self):
+        if self._bufs:
+            with self.dev.active():
+                for b in self._bufs:
+                    b.free()
+            self._bufs = []
+
+    # ------------------------------------------------------------------ parameters
+    def set_params(self, params, reg_covars):
+        B, MP, D, C = len(self.problems), self.MP, self.D, self.cells
+        w = np.zeros((B, MP))
+        mu = np.zeros((B, MP, D))
+        cov = np.zeros((B, MP, C))
+        il = np.tril_indices(D)
+        ms = {len(p[0]) for p in params}
+        if len(ms) == 1:  # one M: every member at once
+            m = ms.pop()
+            w[:, :m] = np.stack([p[0] for p in params])
+            mu[:, :m] = np.stack([p[1] for p in params])
+            cv = np.stack([p[2] for p in params])
+            cov[:, :m] = cv[:, :, il[0], il[1]] if self.full else cv
+        else:
+            for b, (wb, mb, cb) in enumerate(params):
+                m = len(wb)
+                w[b, :m] = wb
+                mu[b, :m] = mb
+                cov[b, :m] = np.asarray(cb)[:, il[0], il[1]] if self.full else cb
+        self._reg = np.asarray(reg_covars, np.float64)
+        with self.dev.active():
+            self.drv.memcpy_htod(self.wsrc, w)
+            self.drv.memcpy_htod(self.mu, mu)
+            self.drv.memcpy_htod(self.cov, cov)
+            self.drv.memcpy_htod(self.reg, self._reg)
+            self.drv.memcpy_htod(self.act, np.ones(B, np.int32))
+            self.drv.memset_d32(self.bad, 0, B)
+            self.fns["asp_batch_factor"].prepared_call(
+                (B * MP, 1, 1),
+                (self.threads, 1, 1),
+                self.act,
+                self.d_mcount,
+                self.mu,
+                self.cov,
+                self.muf,
+                self.prec,
+                self.logd,
+                self.bad,
+            )
+            bad = np.zeros(B, np.int32)
+            self.drv.memcpy_dtoh(bad, self.bad)
+        self._store(w, mu, cov)
+        return [
+            None if bad[b] == 0 else NotPositiveDefiniteError(int(bad[b]) - 1, float(reg_covars[b])) for b in range(B)
+        ]
+
+    def params(self, b):
+        if self._host is None:
+            raise RuntimeError("no parameters yet")
+        w, mu, cov = self._host
+        m = self.problems[b].M
+        return w[b, :m].copy(), mu[b, :m].copy(), cov[b, :m].copy()
+
+    def _store(self, w, mu, cov):
+        """Host copies of every member's parameters: weights normalised over the member's own
+        components (padding weighs 0), full covariances unpacked, all members at once."""
+        tot = w.sum(axis=1, keepdims=True)
+        w = w / np.where(tot > 0, tot, 1.0)
+        if self.full:
+            D = self.D
+            il = np.tril_indices(D)
+            full = np.zeros(cov.shape[:2] + (D, D))
+            full[:, :, il[0], il[1]] = cov
+            full[:, :, il[1], il[0]] = cov
+            cov = full
+        self._host = (w, mu, cov)
+
+    def _read_params(self):
+        B = len(self.problems)
+        w = np.empty((B, self.MP))
+        mu = np.empty((B, self.MP, self.D))
+        cov = np.empty((B, self.MP, self.cells))
+        self.drv.memcpy_dtoh(w, self.wsrc)
+        self.drv.memcpy_dtoh(mu, self.mu)
+        self.drv.memcpy_dtoh(cov, self.cov)
+        self._store(w, mu, cov)
+
+    # ------------------------------------------------------------------ running
+    def _estep(self):
+        self.drv.memset_d32(self.ll, 0, 2 * len(self.problems))
+        self.fns["asp_batch_estep"].prepared_call(
+            (max(self.nblocks, 1), 1, 1),
+            (self.threads, 1, 1),
+            self.X,
+            self.d_xoff,
+            self.d_off,
+            self.d_blk_member,
+            self.d_blk_first,
+            self.act,
+            self.d_mcount,
+            self.wsrc,
+            self.muf,
+            self.prec,
+            self.logd,
+            self.resp,
+            self.lp,
+            self.ll,
+        )
+        ll = np.empty(len(self.problems))
+        self.drv.memcpy_dtoh(ll, self.ll)
+        return ll
+
+    def _mstep(self):
+        B = len(self.problems)
+        self.fns["asp_batch_mstep"].prepared_call(
+            (B * self.MP, 1, 1),
+            (self.threads, 1, 1),
+            self.X,
+            self.d_xoff,
+            self.d_off,
+            self.act,
+            self.d_mcount,
+            self.resp,
+            self.reg,
+            self.wsrc,
+            self.mu,
+            self.cov,
+            self.muf,
+            self.prec,
+            self.logd,
+            self.bad,
+        )
+        bad = np.empty(B, np.int32)
+        self.drv.memcpy_dtoh(bad, self.bad)
+        return bad
+
+    def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
+        B = len(self.problems)
+        runs = [MemberRun() for _ in range(B)]
+        active = np.array([b not in skip for b in range(B)], np.int32)
+        with self.dev.active():
+            self.drv.memcpy_htod(self.act, active)
+            ll = self._estep()
+            for b in np.flatnonzero(active):
+                runs[b].loglik_trace = [float(ll[b])]
+                runs[b].loglik = float(ll[b])
+                if not np.isfinite(ll[b]):
+                    runs[b].error = _nonfinite(ll[b])
+                    active[b] = 0
+            it = 0
+            while it < max_iters and active.any():
+                self.drv.memcpy_htod(self.act, active)
+                bad = self._mstep()
+                ll = self._estep()
+                it += 1
+                for b in np.flatnonzero(active):
+                    r = runs[b]
+                    if bad[b]:
+                        r.error = NotPositiveDefiniteError(int(bad[b]) - 1, float(reg_covars[b]))
+                        active[b] = 0
+                        continue
+                    if not np.isfinite(ll[b]):
+                        r.error = _nonfinite(ll[b])
+                        active[b] = 0
+                        continue
+                    change = change_per_event(float(ll[b]), r.loglik, self.problems[b].N)
+                    r.loglik, r.iters = float(ll[b]), it
+                    r.loglik_trace.append(float(ll[b]))
+                    if converged(it, min_iters, change, tol):
+                        r.converged = True
+                        active[b] = 0
+            self._read_params()
+        return runs
+
+    def score(self, skip=()):
+        B = len(self.problems)
+        active = np.array([b not in skip for b in range(B)], np.int32)
+        out = [None] * B
+        with self.dev.active():
+            self.drv.memcpy_htod(self.act, active)
+            ll = self._estep()
+            lp = np.empty(int(self.off[-1]), np.float32)
+            self.drv.memcpy_dtoh(lp, self.lp)
+        for b in np.flatnonzero(active):
+            out[b] = _nonfinite(ll[b]) if not np.isfinite(ll[b]) else lp[self.off[b] : self.off[b + 1]].copy()
+        return out
+
+
+def _nonfinite(v) -> NonFiniteError:
+    return NonFiniteError(
+        f"the log-likelihood is not finite ({v}): a component has collapsed onto a few events or the data has an "
+        "extreme range. Increase reg_covar, use fewer components, or scale the data."
+    )

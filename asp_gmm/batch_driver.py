@@ -1,0 +1,235 @@
+"""Runs many independent EM problems in one call: the batched counterpart of the specializer.
+
+Given the members' data, parameters and problems (one D, cvtype and dtype; each its own N and
+M), :class:`BatchSpecializer` asks the selection for a batched variant of the backend
+(``phase = "batch"`` manifests, limits as data) for the batch's class
+(:class:`asp_gmm.problem.BatchProblem`: the events of all members, the largest M, the member
+count), compiles or loads it, opens one batched session over all members, runs their EM loops
+in one call, and reports the batch's time back to the history under the batched variant (so a
+batch's timings never mix with single problems'). Exploration runs whole calls: each untried
+batched configuration runs one call (a batch call is short), the history then picks the fastest.
+
+A backend without batched variants (the NumPy reference) runs the members one after another
+through the ordinary :class:`~asp_gmm.specializer.Specializer`. Members fail alone: a bad member's
+exception is returned in its slot and the others' results are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+from . import selection
+from .backends.batch_base import check_problems
+from .errors import CompileError, KernelError
+from .problem import BatchProblem
+from .registry import Config
+from .specializer import Specializer, TrainResult
+
+log = logging.getLogger("asp_gmm")
+
+_SUPPORT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def batch_support(backend):
+    """The backend's :class:`~asp_gmm.backends.batch_base.BatchSupport`, or ``None`` when it has no
+    batched variants (one per backend object)."""
+    with _LOCK:
+        if backend in _SUPPORT:
+            return _SUPPORT[backend]
+        sup = None
+        if backend.name == "c":
+            from .backends.c_batch import CBatchSupport
+
+            sup = _SelectionView(backend, CBatchSupport(backend))
+        elif backend.name == "cuda":
+            from .backends.cuda.batch import CudaBatchSupport
+
+            sup = _SelectionView(backend, CudaBatchSupport(backend))
+        _SUPPORT[backend] = sup
+        return sup
+
+
+class _SelectionView:
+    """The backend as the selection sees a batch: its device and limits, with the batched
+    variants' readiness (the selection asks whether a configuration is compiled)."""
+
+    def __init__(self, backend, support):
+        self._backend, self.support = backend, support
+
+    def __getattr__(self, name):
+        return getattr(self._backend, name)
+
+    @property
+    def preference(self) -> list:
+        """The batched variants in the fixed rule's order (:func:`asp_gmm.selection.rule_order`)."""
+        return list(self.support.preference)
+
+    def is_ready(self, variant, tunables, problem):
+        return self.support.is_ready(variant, tunables, problem)
+
+    def run_threads(self, problem):
+        return self._backend.run_threads(BatchProblem(10**12, problem.D, problem.M, problem.cvtype, problem.dtype))
+
+
+class BatchSpecializer:
+    """Runs batches for the Face on one backend (with the policy of the models' specializer)."""
+
+    def __init__(self, specializer: Specializer):
+        self.single = specializer
+        self.backend = specializer.backend
+        self.policy = specializer.policy
+
+    def candidates(self, view, bp: BatchProblem, variant: str | None = None) -> list:
+        out = []
+        if variant is not None:
+            from .errors import VariantNotApplicableError
+
+            names = [v.name for v in view.support.variants()] if view is not None else []
+            if variant not in names:
+                raise ValueError(
+                    f"the {self.backend.name} backend has no batched variant {variant!r}; it has {names or 'none'}"
+                )
+            v = next(v for v in view.support.variants() if v.name == variant)
+            tun = view.support.tunables_for(v, bp)
+            if tun is None:
+                raise VariantNotApplicableError(
+                    f"pinned batched variant cannot run this batch: {v.check(bp, extra=view.limit_context())}"
+                )
+            return [Config.of(v, tun)]
+        for v in view.support.variants():
+            if bp.cvtype not in v.cvtypes or bp.dtype not in v.dtypes:
+                continue
+            tun = view.support.tunables_for(v, bp)
+            if tun is not None and v.selectable_for(bp, view.limit_context()):
+                out.append(Config.of(v, tun))
+        return out
+
+    def train(self, Xs, params, problems, reg_covars, min_iters, max_iters, tol, variant=None) -> list:
+        """Per member, a :class:`~asp_gmm.specializer.TrainResult` or the exception it raised
+        (``variant``: a batched variant's name, pinned)."""
+        if not problems:
+            return []
+        check_problems(problems)
+        view = batch_support(self.backend)
+        bp = BatchProblem.of(problems)
+        cands = self.candidates(view, bp, variant) if (view is not None or variant) else []
+        if not cands:
+            return self._one_by_one(Xs, params, problems, reg_covars, min_iters, max_iters, tol)
+        t_start = time.perf_counter()
+        tuning = selection.autotune_enabled()
+        plan = self.policy.choose(view, bp, cands, pinned=variant is not None, tuning=tuning)
+        cfg = plan.explore[0] if plan.explore else plan.primary
+        try:
+            kernel = view.support.kernel(cfg.variant, cfg.params, bp)
+        except CompileError:
+            self.policy.record(view, bp, cfg, "compile-failed")
+            raise
+        out = [None] * len(problems)
+        session = view.support.open(Xs, problems, kernel)
+        try:
+            bad = session.set_params(params, reg_covars)
+            skip = {b for b, e in enumerate(bad) if e is not None}
+            t0 = time.perf_counter()
+            try:
+                runs = session.em(min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covars=reg_covars, skip=skip)
+            except KernelError:
+                self.policy.record(view, bp, cfg, "launch-failed")
+                raise
+            seconds = time.perf_counter() - t0
+            iters = max([r.iters for r in runs] + [0])
+            if tuning and iters and not skip:
+                self.policy.record(view, bp, cfg, "ok", seconds / iters, None, iters)
+            total = time.perf_counter() - t_start
+            for b, r in enumerate(runs):
+                if b in skip:
+                    out[b] = bad[b]
+                    continue
+                if r.error is not None:
+                    out[b] = r.error
+                    continue
+                w, mu, cv = session.params(b)
+                out[b] = TrainResult(
+                    w,
+                    mu,
+                    cv,
+                    r.loglik,
+                    r.iters,
+                    r.converged,
+                    cfg.label,
+                    [cfg.label] if plan.explore else [],
+                    plan.reason,
+                    total,
+                    r.loglik_trace or [r.loglik],
+                    plan.why,
+                )
+        finally:
+            session.close()
+        for c in plan.compile_later:
+            self._compile_later(view, c, bp)
+        return out
+
+    def prepare(self, batches) -> int:
+        """Compile or load every batched configuration the selection may run for the given
+        batch classes (:class:`~asp_gmm.problem.BatchProblem`), and open the tuning history, so
+        that the first batched calls pay for neither; returns how many configurations are ready."""
+        view = batch_support(self.backend)
+        if view is None:
+            return 0
+        hist = getattr(self.policy.selector, "history", None)
+        if callable(hist):
+            hist()  # the history is read once per process: here rather than in the first call
+        ready = 0
+        for bp in batches:
+            for cfg in self.candidates(view, bp):
+                try:
+                    view.support.kernel(cfg.variant, cfg.params, bp)
+                    ready += 1
+                except CompileError:
+                    self.policy.record(view, bp, cfg, "compile-failed")
+        return ready
+
+    def _compile_later(self, view, cfg, bp):
+        fn = getattr(self.backend, "_submit", None)
+        if fn is None:
+            return
+        fn(("batch", cfg, bp.cvtype, bp.dtype), lambda: view.support.kernel(cfg.variant, cfg.params, bp), cfg.label)
+
+    def score(self, Xs, params, problems, reg_covars) -> list:
+        """Per member, its per-event log-likelihood ``(N_b,)`` or the exception it raised."""
+        if not problems:
+            return []
+        check_problems(problems)
+        view = batch_support(self.backend)
+        bp = BatchProblem.of(problems)
+        cands = self.candidates(view, bp) if view is not None else []
+        if not cands:
+            out = []
+            for X, (w, mu, cv), p, reg in zip(Xs, params, problems, reg_covars):
+                try:
+                    out.append(self.single.evaluate(X, w, mu, cv, p, reg, want_resp=False)[0])
+                except (ArithmeticError, ValueError, RuntimeError) as exc:
+                    out.append(exc)
+            return out
+        plan = self.policy.choose(view, bp, cands, tuning=False)
+        kernel = view.support.kernel(plan.primary.variant, plan.primary.params, bp)
+        session = view.support.open(Xs, problems, kernel)
+        try:
+            bad = session.set_params(params, reg_covars)
+            skip = {b for b, e in enumerate(bad) if e is not None}
+            got = session.score(skip=skip)
+            return [bad[b] if b in skip else got[b] for b in range(len(problems))]
+        finally:
+            session.close()
+
+    def _one_by_one(self, Xs, params, problems, reg_covars, min_iters, max_iters, tol) -> list:
+        out = []
+        for X, (w, mu, cv), p, reg in zip(Xs, params, problems, reg_covars):
+            try:
+                out.append(self.single.train(X, w, mu, cv, p, reg, min_iters, max_iters, tol))
+            except (ArithmeticError, ValueError, RuntimeError) as exc:
+                out.append(exc)
+        return out

@@ -1,0 +1,353 @@
+"""Many small models in one call: ``train_many``, ``score_many`` and ``compute_distance_BIC_many``.
+
+The batched Face: each member is validated and seeded exactly as :meth:`asp_gmm.GMM.train` does
+it, then all members run in one batched call of the backend (:mod:`asp_gmm.batch_driver`):
+
+    from asp_gmm import GMM, train_many
+    models = [GMM(8, 19, cvtype="diag") for _ in range(32)]
+    logliks = train_many(models, datasets, min_em_iters=5, max_em_iters=5)
+
+The results equal training each model alone (the same EM iterations; float64 to about 1e-10,
+float32 to its usual tolerance). A bad member (NaN in its data, fewer events than components, a
+covariance that is not positive definite) does not stop the others: they are trained, and then
+:class:`asp_gmm.errors.BatchMemberError` is raised naming every bad member (``.errors``) and
+carrying the others' results (``.results``).
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import cuda_arrays, streaming
+from .batch_driver import BatchSpecializer
+from .errors import BatchMemberError
+from .gmm import GMM, check_data
+
+__all__ = ["train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
+
+
+def _check_iters(min_em_iters, max_em_iters, tol, what: str):
+    for name, val in (("min_em_iters", min_em_iters), ("max_em_iters", max_em_iters)):
+        if not isinstance(val, numbers.Integral) or val < 0:
+            raise ValueError(f"{what}: {name} must be an integer >= 0, got {val!r}")
+    if min_em_iters > max(max_em_iters, 1):
+        raise ValueError(
+            f"{what}: min_em_iters={min_em_iters} is larger than max_em_iters={max_em_iters}; "
+            "pass min_em_iters <= max_em_iters"
+        )
+    if not (isinstance(tol, numbers.Real) and tol >= 0):
+        raise ValueError(f"{what}: tol must be a number >= 0, got {tol!r}")
+
+
+def _check_models(models, what: str) -> list:
+    models = list(models)
+    if not models:
+        return models
+    g0 = models[0]
+    for b, g in enumerate(models):
+        if not isinstance(g, GMM):
+            raise TypeError(f"{what}: member {b} is a {type(g).__name__}, not an asp_gmm.GMM")
+        if (g.D, g.cvtype, g.dtype, g.backend) != (g0.D, g0.cvtype, g0.dtype, g0.backend):
+            raise ValueError(
+                f"{what}: member {b} is {g!r} but member 0 is {g0!r}; the models of one call share D, cvtype, "
+                "dtype and backend (call once per kind)"
+            )
+    return models
+
+
+def _host(X, g: GMM, b: int, method: str, min_events: int):
+    """Member ``b``'s data checked like ``GMM.train``/``score`` does, its messages naming the member."""
+    if streaming.is_source(X) and not isinstance(X, np.ndarray):
+        raise ValueError(
+            f"datasets[{b}] is a chunk source; a batched call takes in-memory arrays (train it alone with GMM.train)"
+        )
+    if cuda_arrays.is_cuda_array(X):
+        X = cuda_arrays.to_host(X)
+    return check_data(X, g.D, g.dtype, min_events, name=f"datasets[{b}]", method=method)
+
+
+def _members(datasets, models):
+    """``(list of the members' data, checked)``: a 3-D float array (B, N, D) of the models' dtype
+    and D, all finite, is checked in one pass here (``checked``: its rows need only the N >= M
+    test); anything else is checked member by member, as ``GMM.train`` checks its X."""
+    if isinstance(datasets, np.ndarray) and datasets.ndim == 3 and models:
+        g = models[0]
+        if datasets.dtype == g.dtype and datasets.shape[2] == g.D:
+            X = np.ascontiguousarray(datasets)
+            if np.isfinite(X).all():
+                return [X[b] for b in range(X.shape[0])], True
+        return [datasets[b] for b in range(datasets.shape[0])], False
+    return list(datasets), False
+
+
+def _raise_if(errors: dict, results: list, what: str):
+    if errors:
+        raise BatchMemberError(errors, results, what)
+
+
+def train_many(
+    models,
+    datasets,
+    min_em_iters: int = 1,
+    max_em_iters: int = 10,
+    tol: float = 1e-3,
+    variant: str | None = None,
+) -> list:
+    """Train every model on its own data, all in one batched call.
+
+    Parameters
+    ----------
+    models : sequence of GMM
+        Models of one D, cvtype, dtype and backend; M may differ. Each is seeded (first call) or
+        warm-started exactly as :meth:`GMM.train` would do it.
+    datasets : sequence of array (N_b, D), or one array (B, N, D)
+        ``datasets[b]`` trains ``models[b]``; each its own N_b (at least M_b events). One 3-D
+        array (members of equal N) is checked in one pass.
+    min_em_iters, max_em_iters, tol
+        As in :meth:`GMM.train`, for every member.
+    variant : str, optional
+        Pin a batched variant of the backend (e.g. ``"CBE"``, see ``asp-gmm info``); by default the
+        selection chooses.
+
+    Returns
+    -------
+    list of float
+        Per member, the total log-likelihood of its data under its trained parameters; every model's
+        attributes (``means``, ``loglik``, ``n_iter``, ``last_train`` ...) are set as ``train`` sets them.
+
+    Raises
+    ------
+    BatchMemberError
+        Some members failed (bad data, too few events, not positive definite); the others were
+        trained. Its ``errors`` maps each failed member to its exception.
+    """
+    what = "train_many()"
+    _check_iters(min_em_iters, max_em_iters, tol, what)
+    models = _check_models(models, what)
+    datasets, checked = _members(datasets, models)
+    if len(datasets) != len(models):
+        raise ValueError(f"{what}: {len(models)} models but {len(datasets)} datasets; pass one data set per model")
+    if not models:
+        return []
+    errors, ok, Xs = {}, [], []
+    for b, (g, X) in enumerate(zip(models, datasets)):
+        try:
+            if not checked:
+                X = _host(X, g, b, "train", g.M)
+            elif X.shape[0] < g.M:
+                raise ValueError(
+                    f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
+                    "use fewer components or more data"
+                )
+            g._seed(X)
+        except (ValueError, TypeError) as exc:
+            errors[b] = exc
+            continue
+        ok.append(b)
+        Xs.append(X)
+    spec = BatchSpecializer(models[0]._specializer)
+    res = spec.train(
+        Xs,
+        [models[b]._params64() for b in ok],
+        [models[b]._problem(X.shape[0]) for b, X in zip(ok, Xs)],
+        [models[b].reg_covar for b in ok],
+        int(min_em_iters),
+        int(max_em_iters),
+        float(tol),
+        variant,
+    )
+    out = [None] * len(models)
+    for b, X, r in zip(ok, Xs, res):
+        if isinstance(r, BaseException):
+            errors[b] = r
+            continue
+        g = models[b]
+        g.weights = r.weights.astype(g.dtype)
+        g.means = r.means.astype(g.dtype)
+        g.covars = r.covars.astype(g.dtype)
+        g.loglik, g.n_events = r.loglik, X.shape[0]
+        g.n_iter, g.converged, g.last_variant = r.iters, r.converged, r.variant
+        g.last_train = r
+        out[b] = r.loglik
+    _raise_if(errors, out, what)
+    return out
+
+
+def score_many(models, datasets) -> list:
+    """Per-event log-likelihood of every model on its data (or of every model on one data set), in
+    one batched call.
+
+    Parameters
+    ----------
+    models : sequence of GMM
+        Trained models of one D, cvtype, dtype and backend.
+    datasets : array (N, D), or a sequence of arrays (N_b, D)
+        One array: every model scores it (e.g. the frames of a recording under every speaker's
+        model); a sequence: ``datasets[b]`` is scored by ``models[b]``.
+
+    Returns
+    -------
+    list of ndarray (N_b,)
+        As :meth:`GMM.score` returns for each model.
+    """
+    what = "score_many()"
+    models = _check_models(models, what)
+    if not models:
+        return []
+    if isinstance(datasets, (list, tuple)):
+        if len(datasets) != len(models):
+            raise ValueError(f"{what}: {len(models)} models but {len(datasets)} datasets; pass one per model")
+        Xs = list(datasets)
+    else:
+        Xs = None
+    errors, ok, data = {}, [], []
+    shared = None
+    for b, g in enumerate(models):
+        try:
+            if Xs is None:
+                if shared is None:
+                    shared = _host(datasets, g, 0, "score", 1)
+                X = shared
+            else:
+                X = _host(Xs[b], g, b, "score", 1)
+            params = g._params64("score")
+        except (ValueError, TypeError, RuntimeError) as exc:
+            if Xs is None and shared is None:
+                raise
+            errors[b] = exc
+            continue
+        ok.append(b)
+        data.append((X, params))
+    spec = BatchSpecializer(models[0]._specializer)
+    res = spec.score(
+        [X for X, _ in data],
+        [p for _, p in data],
+        [models[b]._problem(X.shape[0]) for b, (X, _) in zip(ok, data)],
+        [models[b].reg_covar for b in ok],
+    )
+    out = [None] * len(models)
+    for b, r in zip(ok, res):
+        if isinstance(r, BaseException):
+            errors[b] = r
+        else:
+            out[b] = r
+    _raise_if(errors, out, what)
+    return out
+
+
+def compute_distance_BIC_many(
+    pairs,
+    datasets,
+    min_em_iters: int = 1,
+    max_em_iters: int = 10,
+    tol: float = 1e-3,
+) -> list:
+    """:func:`asp_gmm.compute_distance_BIC` for many pairs, the merged models trained in one batch.
+
+    Parameters
+    ----------
+    pairs : sequence of (GMM, GMM)
+        Trained models; each pair's L(gmm_i) and event counts are those of their last ``train``
+        (as ``compute_distance_BIC`` without X1, X2).
+    datasets : sequence of array (N_b, D)
+        Each pair's merged data (normally the union of both clusters' frames).
+    min_em_iters, max_em_iters, tol
+        As in :meth:`GMM.train` for the merged models.
+
+    Returns
+    -------
+    list of (GMM, float)
+        Per pair, the merged model and ``L(merged on X) - L(gmm1) - L(gmm2)``, as
+        ``compute_distance_BIC`` returns them.
+    """
+    what = "compute_distance_BIC_many()"
+    pairs = [tuple(p) for p in pairs]
+    datasets = list(datasets)
+    if len(pairs) != len(datasets):
+        raise ValueError(f"{what}: {len(pairs)} pairs but {len(datasets)} datasets; pass one data set per pair")
+    merged, errors, idx = [], {}, []
+    for b, pair in enumerate(pairs):
+        if len(pair) != 2:
+            raise ValueError(f"{what}: pair {b} has {len(pair)} models; pass (gmm1, gmm2)")
+        g1, g2 = pair
+        try:
+            merged.append(_merged(g1, g2, b))
+            idx.append(b)
+        except (ValueError, TypeError) as exc:
+            errors[b] = exc
+    out = [None] * len(pairs)
+    try:
+        lls = train_many(merged, [datasets[b] for b in idx], min_em_iters, max_em_iters, tol)
+    except BatchMemberError as exc:
+        lls = exc.results
+        for j, e in exc.errors.items():
+            errors[idx[j]] = e
+    for j, b in enumerate(idx):
+        if lls[j] is None:
+            continue
+        g1, g2 = pairs[b]
+        out[b] = (merged[j], lls[j] - g1.loglik - g2.loglik)
+    _raise_if(errors, out, what)
+    return out
+
+
+def prepare_many(D: int, M, cvtype: str = "full", dtype=np.float32, backend: str = "auto", N: int = 10_000) -> int:
+    """Compile, or load from the cache, what batched calls of models of these shapes run, and open
+    the tuning history: :func:`asp_gmm.prepare` for :func:`train_many`, :func:`score_many` and
+    :func:`compute_distance_BIC_many` (before a timed section).
+
+    Parameters
+    ----------
+    D : int
+    M : int or iterable of int
+        The largest component count of a batch (each value: one batch class).
+    cvtype, dtype, backend
+        As for :class:`GMM`.
+    N : int
+        Events of a typical batch (all members together).
+
+    Returns
+    -------
+    int
+        Batched configurations ready.
+    """
+    Ms = [M] if isinstance(M, numbers.Integral) else list(M)
+    for name, val in [("D", D), ("N", N)] + [("M", m) for m in Ms]:
+        if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val <= 0:
+            raise ValueError(f"prepare_many(): {name} must be a positive integer, got {val!r}")
+    g = GMM(1, int(D), cvtype=cvtype, dtype=dtype, backend=backend)
+    from .problem import BatchProblem
+
+    return BatchSpecializer(g._specializer).prepare(
+        [BatchProblem(int(N), int(D), int(m), cvtype, g.dtype.name, B=2) for m in Ms]
+    )
+
+
+def _merged(gmm1: GMM, gmm2: GMM, b: int) -> GMM:
+    """The merged model of compute_distance_BIC (M1 + M2 components, weights by data share)."""
+    if not isinstance(gmm1, GMM) or not isinstance(gmm2, GMM):
+        raise TypeError(f"pair {b}: both models must be asp_gmm.GMM")
+    if gmm1.D != gmm2.D or gmm1.cvtype != gmm2.cvtype:
+        raise ValueError(f"pair {b}: the two models must have the same D and cvtype to be merged")
+    for name, g in (("gmm1", gmm1), ("gmm2", gmm2)):
+        if g.loglik is None:
+            raise ValueError(f"pair {b}: {name} has not been trained; train it first")
+    n1, n2 = gmm1.n_events, gmm2.n_events
+    w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
+    if gmm1.cvtype == "tied":  # one shared matrix, as compute_distance_BIC merges it
+        covars = (gmm1.covars.astype(np.float64) * n1 + gmm2.covars.astype(np.float64) * n2) / (n1 + n2)
+    else:
+        covars = np.concatenate([gmm1.covars, gmm2.covars])
+    return GMM(
+        gmm1.M + gmm2.M,
+        gmm1.D,
+        means=np.concatenate([gmm1.means, gmm2.means]),
+        covars=covars,
+        weights=w / w.sum(),
+        cvtype=gmm1.cvtype,
+        dtype=gmm1.dtype,
+        reg_covar=gmm1.reg_covar,
+        backend=gmm1.backend,
+    )

@@ -1,0 +1,269 @@
+"""Batched training (asp_gmm.train_many and its kin) against training each model alone and against
+the float64 reference: ragged batches (N below a tile, M = 1, odd D, X + 1000), bad members."""
+
+import numpy as np
+import pytest
+
+from asp_gmm import (
+    GMM,
+    BatchMemberError,
+    compute_distance_BIC,
+    compute_distance_BIC_many,
+    registry,
+    score_many,
+    train_many,
+)
+from asp_gmm import reference as ref
+from asp_gmm.problem import BatchProblem
+from conftest import init_params, make_blobs
+
+# (N, M) of the members of a ragged batch: N below one tile, M = 1, N not a tile multiple
+MEMBERS = [(20, 2), (517, 1), (1003, 3), (40, 8), (4099, 16), (300, 4)]
+TOL = {"float32": dict(rtol=1e-4, atol=1e-4), "float64": dict(rtol=1e-10, atol=1e-10)}
+
+
+def _batch(rng, D, cvtype, dtype, offset_every=2):
+    data, params = [], []
+    for b, (N, M) in enumerate(MEMBERS):
+        X = make_blobs(rng, N, D, min(M, 4), offset=1000.0 if b % offset_every == 0 else 0.0, dtype=dtype)
+        data.append(X)
+        params.append(init_params(rng, X, M, cvtype))
+    return data, params
+
+
+def _models(params, D, cvtype, dtype, backend):
+    return [
+        GMM(len(w), D, means=mu, covars=cv, weights=w, cvtype=cvtype, dtype=dtype, backend=backend)
+        for w, mu, cv in params
+    ]
+
+
+def _close(a, b, tol, what):
+    s = max(float(np.max(np.abs(b))), 1e-300)
+    np.testing.assert_allclose(a, b, rtol=tol["rtol"], atol=tol["atol"] * s, err_msg=what)
+
+
+@pytest.mark.parametrize("backend", ["c", "c:CBE", "numpy"])
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+@pytest.mark.parametrize("D", [7, 1])
+def test_batch_equals_one_by_one_float64(backend, cvtype, D, rng):
+    backend, _, variant = backend.partition(":")
+    data, params = _batch(rng, D, cvtype, np.float64)
+    alone = _models(params, D, cvtype, np.float64, backend)
+    lone = [g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0) for g, X in zip(alone, data)]
+    many = _models(params, D, cvtype, np.float64, backend)
+    ll = train_many(many, data, min_em_iters=3, max_em_iters=3, tol=0.0, variant=variant or None)
+    tol = TOL["float64"]
+    for b, (g, h) in enumerate(zip(alone, many)):
+        _close(h.covars, g.covars, tol, f"member {b} covars")
+        _close(h.means, g.means, tol, f"member {b} means")
+        _close(h.weights, g.weights, tol, f"member {b} weights")
+        assert ll[b] == pytest.approx(lone[b], rel=1e-10, abs=1e-10 * len(data[b]))
+        assert h.loglik == ll[b] and h.n_iter == 3 and h.n_events == len(data[b])
+        assert len(h.last_train.loglik_trace) == 4
+    if backend == "c":
+        assert many[0].last_variant.startswith(variant or "CB")
+
+
+@pytest.mark.parametrize("variant", ["CB", "CBE"])
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+def test_batch_float32_against_reference(cvtype, variant, rng):
+    D = 5
+    data, params = _batch(rng, D, cvtype, np.float32)
+    many = _models(params, D, cvtype, np.float32, "c")
+    ll = train_many(many, data, min_em_iters=2, max_em_iters=2, tol=0.0, variant=variant)
+    assert many[0].last_variant.startswith(variant + "(")
+    tol = TOL["float32"]
+    for b, (g, X, (w, mu, cv)) in enumerate(zip(many, data, params)):
+        r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 2, 2, 0.0)
+        _close(g.covars, r["covars"], tol, f"member {b} covars")
+        _close(g.means, r["means"], tol, f"member {b} means")
+        np.testing.assert_allclose(g.weights, r["weights"], rtol=tol["rtol"], atol=tol["atol"])
+        # the log-density of a fit of a handful of events is near-singular: in float32 it misses
+        # the reference by ~1e-2 nats per event (train alone as well); parameters are checked above
+        if len(X) >= 10 * D:
+            assert ll[b] == pytest.approx(r["loglik"], rel=1e-3, abs=1e-4 * len(X))
+
+
+def test_batch_converges_per_member(rng):
+    """Each member stops by the one convergence rule on its own (as train alone does)."""
+    D = 3
+    data, params = _batch(rng, D, "diag", np.float64)
+    alone = _models(params, D, "diag", np.float64, "c")
+    for g, X in zip(alone, data):
+        g.train(X, min_em_iters=1, max_em_iters=50, tol=1e-3)
+    many = _models(params, D, "diag", np.float64, "c")
+    train_many(many, data, min_em_iters=1, max_em_iters=50, tol=1e-3)
+    assert [g.n_iter for g in many] == [g.n_iter for g in alone]
+    assert [g.converged for g in many] == [g.converged for g in alone]
+
+
+def test_seeding_as_train(rng):
+    """Models without parameters are seeded by train_many exactly as by train."""
+    D = 4
+    data = [make_blobs(rng, n, D, 3) for n in (50, 700, 3)]
+    alone = [GMM(3, D, cvtype="full", dtype=np.float64, backend="c", seed=7) for _ in data]
+    many = [GMM(3, D, cvtype="full", dtype=np.float64, backend="c", seed=7) for _ in data]
+    for g, X in zip(alone, data):
+        g.train(X, max_em_iters=2)
+    train_many(many, data, max_em_iters=2)
+    for g, h in zip(alone, many):
+        np.testing.assert_allclose(h.means, g.means, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_bad_members_are_named_and_the_rest_kept(backend, rng):
+    D = 3
+    data, params = _batch(rng, D, "diag", np.float64)
+    data[1] = data[1].copy()
+    data[1][7, 2] = np.nan
+    data[3] = data[3][:5]  # 5 events for 8 components
+    many = _models(params, D, "diag", np.float64, backend)
+    before = [g.means.copy() for g in many]
+    with pytest.raises(BatchMemberError) as info:
+        train_many(many, data, min_em_iters=2, max_em_iters=2, tol=0.0)
+    err = info.value
+    assert set(err.errors) == {1, 3}
+    msg = str(err)
+    assert "member 1" in msg and "datasets[1]" in msg and "NaN" in msg
+    assert "member 3" in msg and "fewer than the M=8 components" in msg
+    assert err.results[1] is None and err.results[3] is None
+    for b in (1, 3):
+        np.testing.assert_array_equal(many[b].means, before[b])  # untouched
+    alone = _models(params, D, "diag", np.float64, backend)
+    for b in (0, 2, 4, 5):
+        ll = alone[b].train(data[b], min_em_iters=2, max_em_iters=2, tol=0.0)
+        assert err.results[b] == pytest.approx(ll, rel=1e-10)
+        np.testing.assert_allclose(many[b].covars, alone[b].covars, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_member_not_positive_definite(backend, rng):
+    """A member whose covariance collapses (a constant dimension, no regularisation) fails alone
+    and keeps its last good parameters."""
+    D = 3
+    data, params = _batch(rng, D, "full", np.float64)
+    bad = data[2].copy()
+    bad[:, 1] = 5.0
+    w, mu, _ = params[2]
+    cov = np.repeat(np.eye(D)[None], len(w), 0)
+    data[2] = bad
+    many = [
+        GMM(len(w_), D, means=m_, covars=c_, weights=w_, cvtype="full", dtype=np.float64, backend=backend, reg_covar=0)
+        for (w_, m_, c_) in params[:2]
+    ]
+    many.append(
+        GMM(len(w), D, means=mu, covars=cov, weights=w, cvtype="full", dtype=np.float64, backend=backend, reg_covar=0)
+    )
+    with pytest.raises(BatchMemberError) as info:
+        train_many(many, data[:3], min_em_iters=2, max_em_iters=2, tol=0.0)
+    assert set(info.value.errors) == {2}
+    assert isinstance(info.value.errors[2], np.linalg.LinAlgError)
+    assert "not positive definite" in str(info.value)
+    assert info.value.results[0] is not None and info.value.results[1] is not None
+    assert np.all(np.isfinite(many[2].covars))
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_score_many(backend, rng):
+    D = 6
+    data, params = _batch(rng, D, "diag", np.float32)
+    models = _models(params, D, "diag", np.float32, backend)
+    X = data[4]
+    got = score_many(models, X)
+    for g, s in zip(models, got):
+        np.testing.assert_allclose(s, g.score(X), rtol=1e-6, atol=1e-4)
+    got = score_many(models, data)
+    for g, X, s in zip(models, data, got):
+        assert s.shape == (len(X),)
+        np.testing.assert_allclose(s, g.score(X), rtol=1e-6, atol=1e-4)
+
+
+def test_bic_many_equals_pairs(rng):
+    D = 5
+    data, params = _batch(rng, D, "diag", np.float64)
+    models = _models(params, D, "diag", np.float64, "c")
+    train_many(models, data, min_em_iters=2, max_em_iters=2)
+    pairs = [(0, 1), (2, 5), (4, 1)]
+    Xs = [np.concatenate([data[i], data[j]]) for i, j in pairs]
+    got = compute_distance_BIC_many([(models[i], models[j]) for i, j in pairs], Xs, min_em_iters=3, max_em_iters=3)
+    for (i, j), X, (merged, score) in zip(pairs, Xs, got):
+        m2, s2 = compute_distance_BIC(models[i], models[j], X, min_em_iters=3, max_em_iters=3)
+        assert score == pytest.approx(s2, rel=1e-10, abs=1e-8)
+        np.testing.assert_allclose(merged.covars, m2.covars, rtol=1e-10, atol=1e-12)
+        assert merged.M == models[i].M + models[j].M
+
+
+def test_mixed_models_refused():
+    with pytest.raises(ValueError, match="member 1"):
+        train_many([GMM(2, 3, backend="c"), GMM(2, 4, backend="c")], [np.zeros((5, 3)), np.zeros((5, 4))])
+    with pytest.raises(ValueError, match="2 models but 1 datasets"):
+        train_many([GMM(2, 3, backend="c"), GMM(2, 3, backend="c")], [np.zeros((5, 3))])
+    assert train_many([], []) == []
+
+
+def test_batch_limits_are_data():
+    v = registry.get("c", "CB", "batch")
+    assert v.check(BatchProblem(1000, 19, 8, "diag", "float32", B=32)) is None
+    why = v.check(BatchProblem(10**7, 19, 8, "diag", "float32", B=2**21))
+    assert why is not None and "2^20" in why
+
+
+def test_batch_history_records_and_exploits(tmp_path, rng):
+    """The batch is timed under its batched configurations and class (the events of all members,
+    the largest M): both batched variants are explored, one whole call each."""
+    from asp_gmm.selection import HistorySelector
+    from asp_gmm.specializer import Specializer
+    from asp_gmm.tuning_db import History
+
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    try:
+        spec = Specializer("c", HistorySelector(h))
+        D = 4
+        data, params = _batch(rng, D, "diag", np.float32)
+        ran = set()
+        for _ in range(6):  # both batched variants are explored (whole calls), compiled in the background
+            many = _models(params, D, "diag", np.float32, "c")
+            many[0]._specializer = spec  # the batch runs with the first model's policy
+            train_many(many, data, min_em_iters=2, max_em_iters=2)
+            ran.add(many[0].last_variant.split("(")[0])
+            spec.backend.wait_background(120)
+            if ran == {"CB", "CBE"}:
+                break
+        assert ran == {"CB", "CBE"}
+        rows = h.rows()
+        assert {r["N"] if isinstance(r, dict) else getattr(r, "N") for r in rows} == {sum(len(X) for X in data)}
+        text = " ".join(map(str, rows))
+        assert "CBE" in text and "CB" in text
+    finally:
+        h.close()
+
+
+def test_three_d_data(rng):
+    """One (B, N, D) array is the members' data (gmm-gpu's layout); a bad member is still named."""
+    X = rng.standard_normal((5, 60, 2)).astype(np.float32)
+    params = [init_params(rng, X[b], 2, "full") for b in range(5)]
+    a = _models(params, 2, "full", np.float32, "c")
+    b_ = _models(params, 2, "full", np.float32, "c")
+    train_many(a, X, min_em_iters=4, max_em_iters=4, tol=0.0)
+    train_many(b_, list(X), min_em_iters=4, max_em_iters=4, tol=0.0)
+    for g, h in zip(a, b_):
+        np.testing.assert_array_equal(g.covars, h.covars)
+    X[3, 5, 1] = np.inf
+    with pytest.raises(BatchMemberError, match=r"member 3: .*datasets\[3\] contains NaN or infinity"):
+        train_many(_models(params, 2, "full", np.float32, "c"), X, max_em_iters=2)
+
+
+@pytest.mark.parametrize("cvtype", ["tied", "spherical"])
+def test_tied_and_spherical_run_one_by_one(cvtype, rng):
+    """No batched variant implements tied or spherical covariance: the members run through the
+    ordinary specializer, with the same results."""
+    D = 3
+    data = [make_blobs(rng, n, D, 2) for n in (40, 300, 77)]
+    alone = [GMM(2, D, cvtype=cvtype, dtype=np.float64, backend="c", seed=3) for _ in data]
+    many = [GMM(2, D, cvtype=cvtype, dtype=np.float64, backend="c", seed=3) for _ in data]
+    lone = [g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0) for g, X in zip(alone, data)]
+    ll = train_many(many, data, min_em_iters=3, max_em_iters=3, tol=0.0)
+    for g, h, a, b in zip(alone, many, lone, ll):
+        np.testing.assert_allclose(h.covars, g.covars, rtol=1e-12, atol=1e-12)
+        assert a == pytest.approx(b, rel=1e-12)
