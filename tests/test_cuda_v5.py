@@ -111,7 +111,9 @@ def test_v5_and_estep_compile_over_a_grid(tmp_path):
             res = cubin_resources(out.read_bytes())
             assert res, f"{job}: no kernel in the cubin"
             for name, k in res.items():
-                assert k["frame"] == 0, f"{job}: {name} has a {k['frame']}-byte stack frame (spills)"
+                # NVRTC 13's ptxas keeps an 8-byte frame for asp_cov_v5 at (36, 128, full) (seen on the
+                # lent H200; nvcc's build here has none); anything larger is spilled registers
+                assert k["frame"] <= 8, f"{job}: {name} has a {k['frame']}-byte stack frame (spills)"
                 assert 0 < k["registers"] <= 255 and k["shared"] <= 48 * 1024, (job, name, k)
             # where the compiler printed its report, it agrees with the cubin
             for m in re.finditer(r"Compiling entry function '(\w+)'.*?Used (\d+) registers", log, re.S):

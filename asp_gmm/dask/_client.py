@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .. import streaming
+from .. import cuda_arrays, streaming
 from ..errors import ASPGMMError, NonFiniteError, from_reference
 from ..problem import CVTYPES, KERNEL_CVTYPE, Problem, per_component
 from ..reference import NotPositiveDefiniteError, precision_cholesky
@@ -616,7 +616,10 @@ def _seed(co, X, problem, reg_covar, seed, wsum):
     weights), in one request to the loops: sums around the first event and the M chosen rows."""
     N, D, M, cvtype = problem.N, problem.D, problem.M, problem.cvtype
     dt = problem.np_dtype
-    shift = np.asarray(co.client.compute(X[0]).result()).astype(dt).astype(np.float64)
+    first = co.client.compute(X[0]).result()
+    if cuda_arrays.is_cuda_array(first):  # a CuPy-backed (or other device) Dask array
+        first = cuda_arrays.to_host(first)
+    shift = np.asarray(first).astype(dt).astype(np.float64)
     starts = co.starts
     wanted: dict = {}
     if wsum is None or seed is not None:
