@@ -46,6 +46,16 @@ def freeze(X: "ArrayLike", dtype: "DTypeLike | None" = None) -> np.ndarray:
     Pass it to ``train``/``score`` of many models: it is checked for NaN and infinity once, and on the
     GPU uploaded once and kept there. Nothing, its creator included, can change its values (numpy
     refuses ``writeable = True``); to change the data, freeze a new copy.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from asp_gmm import freeze
+    >>> Xf = freeze(np.ones((4, 2)), dtype=np.float32)
+    >>> Xf.dtype, Xf.flags.writeable
+    (dtype('float32'), False)
+    >>> freeze(Xf) is Xf
+    True
     """
     arr = np.asarray(X)
     dt = arr.dtype if dtype is None else np.dtype(dtype)

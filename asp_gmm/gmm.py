@@ -69,6 +69,18 @@ class GMM:
     n_events : int or None
         Number of events of the last :meth:`train`.
     n_iter, converged, last_variant : results of the last :meth:`train`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from asp_gmm import GMM
+    >>> X = np.random.default_rng(0).normal(size=(1000, 2)) + np.repeat([[0.0, 0.0], [6.0, 6.0]], 500, axis=0)
+    >>> g = GMM(2, 2, cvtype="diag", dtype=np.float64)
+    >>> loglik = g.train(X, max_em_iters=50)
+    >>> np.sort(g.means[:, 0]).round().astype(int).tolist()
+    [0, 6]
+    >>> g.predict(X[:2]).shape
+    (2,)
     """
 
     def __init__(
@@ -410,6 +422,18 @@ def compute_distance_BIC(
     merged : GMM
     score : float
         ``L(merged on X) - L(gmm1) - L(gmm2)``; positive favours merging.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from asp_gmm import GMM, compute_distance_BIC
+    >>> rng = np.random.default_rng(0)
+    >>> X1, X2 = rng.normal(0, 1, (400, 2)), rng.normal(8, 1, (400, 2))
+    >>> a, b = GMM(1, 2, dtype=np.float64), GMM(1, 2, dtype=np.float64)
+    >>> _ = a.train(X1); _ = b.train(X2)
+    >>> merged, score = compute_distance_BIC(a, b, np.concatenate([X1, X2]))
+    >>> merged.M, bool(score < 0)  # two separate clusters: the merge is not favoured
+    (2, True)
     """
     if gmm1.D != gmm2.D or gmm1.cvtype != gmm2.cvtype:
         raise ValueError("the two models must have the same D and cvtype to be merged")

@@ -129,6 +129,18 @@ class GaussianMixture(DensityMixin, BaseEstimator):
     -----
     ``verbose`` output of the compiled types is printed after each run of the compiled loop, from
     its log-likelihood trace (the per-iteration time shown is the run's average).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from asp_gmm import GaussianMixture
+    >>> X = np.concatenate([np.random.default_rng(0).normal(m, 1, (200, 2)) for m in (0, 6)])
+    >>> gm = GaussianMixture(n_components=2, random_state=0).fit(X)
+    >>> np.sort(gm.means_[:, 0]).round().astype(int).tolist()
+    [0, 6]
+    >>> labels = gm.predict([[0.0, 0.0], [6.0, 6.0]])
+    >>> bool(labels[0] != labels[1])
+    True
     """
 
     if StrOptions is not None:
@@ -466,20 +478,8 @@ class GaussianMixture(DensityMixin, BaseEstimator):
 
     def _initialize(self, X, resp):
         """scikit-learn's hook: the initial parameters from responsibilities ``resp`` (N, M) of X
-        (N, D), with ``weights_init``, ``means_init`` and ``precisions_init`` where given, in X's dtype."""
-        M, D, cvtype = resp.shape[1], X.shape[1], self.covariance_type  # M of resp, as scikit-learn's
-        nk, means, cov = _estimate_params(
-            np.asarray(X, np.float64), np.asarray(resp, np.float64), self.reg_covar, cvtype
-        )
-        weights = nk / X.shape[0] if self.weights_init is None else _check_weights(self.weights_init, M)
-        means = means if self.means_init is None else _check_means(self.means_init, M, D)
-        if self.precisions_init is None:
-            pc = _precision_cholesky(cov, cvtype, D)
-        else:
-            pc = ref.precision_cholesky_from_precisions(_check_precisions(self.precisions_init, cvtype, M, D), cvtype)
-            cov = ref.covariances_from_precision_cholesky(pc, cvtype)
-        dt = X.dtype if X.dtype in (np.float32, np.float64) else np.dtype(np.float64)
-        self._set_parameters(tuple(np.asarray(a, dtype=dt) for a in (weights, means, cov, pc)))
+        (N, D), with ``*_init`` where given, in X's dtype (:func:`asp_gmm.fit.init.from_resp`)."""
+        self._set_parameters(fit_init.from_resp(self, X, resp))
 
     def _params64(self):
         return (

@@ -21,7 +21,15 @@ from .. import cuda_arrays, streaming
 from ..errors import NonFiniteError, from_reference
 from ..problem import CVTYPES, KERNEL_CVTYPE, Problem, per_component
 from ..reference import NotPositiveDefiniteError, precision_cholesky
-from ._result import DaskFitResult, DaskInputError, WorkersLostError
+from ._result import (
+    DaskFitResult,
+    DaskInputError,
+    WorkersLostError,
+    _check_array,
+    _check_sample_weight,
+    _dask,
+    _int_arg,
+)
 from ._worker import LoopSpec, pack, param_queue, stats_queue, unpack, worker_loop
 
 log = logging.getLogger("asp_gmm")
@@ -32,16 +40,6 @@ POLL_SECONDS = 0.5
 
 class _Lost(Exception):
     """A loop's worker left (or its task was restarted elsewhere): start the loops again."""
-
-
-def _dask():
-    try:
-        import dask
-        import dask.array as da
-        import distributed
-    except ImportError as exc:  # pragma: no cover - the extra is installed where this is used
-        raise ImportError(f"asp_gmm.dask needs dask and distributed: pip install 'asp_gmm[dask]' ({exc})") from exc
-    return dask, da, distributed
 
 
 # ------------------------------------------------------------------------------ the local client
@@ -80,57 +78,6 @@ def _close_local():
 
 
 # ------------------------------------------------------------------------------ checks
-def _check_array(X, D=None):
-    _, da, _ = _dask()
-    if not isinstance(X, da.Array):
-        raise DaskInputError(
-            f"asp_gmm.dask.fit needs a dask.array.Array, got {type(X).__name__}; wrap it with "
-            "dask.array.from_array(X, chunks=(rows, -1)), or call GMM.train for in-memory data"
-        )
-    if X.ndim != 2:
-        raise DaskInputError(f"X must be 2-D (N events, D dimensions), got shape {X.shape}")
-    if X.dtype.kind != "f":
-        raise DaskInputError(f"X has dtype {X.dtype}; GMM training needs floating-point data: X.astype(np.float32)")
-    if D is not None and X.shape[1] != D:
-        raise DaskInputError(f"X has {X.shape[1]} dimensions but D={D} was given")
-    if any(np.isnan(c) for c in X.chunks[0]):
-        raise DaskInputError("X has unknown chunk sizes; call X.compute_chunk_sizes() first")
-    if len(X.chunks[1]) > 1:
-        X = X.rechunk({1: -1})  # whole rows per block
-    return X
-
-
-def _check_sample_weight(sample_weight, X):
-    """``sample_weight`` as a Dask array with X's row chunks (a NumPy array is wrapped)."""
-    _, da, _ = _dask()
-    if sample_weight is None:
-        return None
-    if not isinstance(sample_weight, da.Array):
-        arr = np.asarray(sample_weight)
-        if arr.dtype.kind not in "fiub":
-            raise DaskInputError(f"sample_weight has dtype {arr.dtype}; pass numeric weights, one per row of X")
-        if arr.shape != (X.shape[0],):
-            raise DaskInputError(
-                f"sample_weight must be 1-D with one weight per row of X ({X.shape[0]} rows), got shape {arr.shape}"
-            )
-        sample_weight = da.from_array(arr, chunks=(X.chunks[0],))
-    if sample_weight.ndim != 1 or sample_weight.shape[0] != X.shape[0]:
-        raise DaskInputError(
-            f"sample_weight must be 1-D with one weight per row of X ({X.shape[0]} rows), got shape "
-            f"{sample_weight.shape}"
-        )
-    if sample_weight.dtype.kind not in "fiub":
-        raise DaskInputError(f"sample_weight has dtype {sample_weight.dtype}; pass numeric weights")
-    if sample_weight.chunks[0] != X.chunks[0]:
-        sample_weight = sample_weight.rechunk((X.chunks[0],))
-    return sample_weight
-
-
-def _int_arg(name, val, low):
-    if not isinstance(val, numbers.Integral) or isinstance(val, bool) or val < low:
-        raise DaskInputError(f"{name} must be an integer >= {low}, got {val!r}")
-
-
 def fit(
     X,
     M: int,
@@ -200,6 +147,16 @@ def fit(
     Returns
     -------
     DaskFitResult
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> import numpy as np
+    >>> import asp_gmm.dask
+    >>> X = np.concatenate([np.random.default_rng(0).normal(m, 1, (500, 2)) for m in (0, 6)])
+    >>> r = asp_gmm.dask.fit(da.from_array(X, chunks=(250, 2)), M=2, cvtype="diag", client=False)
+    >>> r.means.shape, r.covars.shape
+    ((2, 2), (2, 2))
     """
     _dask()
     _int_arg("M", M, 1)

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import reference as ref
 from ..backends.base import BlockStats
-from .numpy_em import estimate_params, label_params, one_hot_params
+from .checks import _check_means, _check_precisions, _check_weights
+from .numpy_em import estimate_params, label_params, one_hot_params, precision_cholesky
 from .sources import blocks, weighted_blocks
 from .stats import SuffStats, reduced_mstep
 
@@ -149,3 +151,20 @@ def _blocks(src, D, dt, sample_weight):
     if sample_weight is None:
         return ((a, b, None) for a, b in blocks(src, D, dt, 1 << 16))
     return weighted_blocks(src, sample_weight, D, dt, 1 << 16)
+
+
+def from_resp(est, X, resp) -> tuple:
+    """scikit-learn's ``_initialize`` hook of the drop-in ``est``: ``(weights, means, covariances,
+    precisions_cholesky)`` in X's dtype from responsibilities ``resp`` (N, M) of X (N, D), with
+    ``weights_init``, ``means_init`` and ``precisions_init`` where given."""
+    M, D, cvtype = resp.shape[1], X.shape[1], est.covariance_type  # M of resp, as scikit-learn's
+    nk, means, cov = estimate_params(np.asarray(X, np.float64), np.asarray(resp, np.float64), est.reg_covar, cvtype)
+    weights = nk / X.shape[0] if est.weights_init is None else _check_weights(est.weights_init, M)
+    means = means if est.means_init is None else _check_means(est.means_init, M, D)
+    if est.precisions_init is None:
+        pc = precision_cholesky(cov, cvtype, D)
+    else:
+        pc = ref.precision_cholesky_from_precisions(_check_precisions(est.precisions_init, cvtype, M, D), cvtype)
+        cov = ref.covariances_from_precision_cholesky(pc, cvtype)
+    dt = X.dtype if X.dtype in (np.float32, np.float64) else np.dtype(np.float64)
+    return tuple(np.asarray(a, dtype=dt) for a in (weights, means, cov, pc))
