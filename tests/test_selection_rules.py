@@ -67,7 +67,39 @@ def test_large_n_explores_on_a_sample_records_it_as_sampled_and_keeps_the_result
     h.close()
 
 
-def test_exploration_stops_at_the_budget_and_resumes_next_call(tmp_path, monkeypatch, rng):
+@pytest.mark.parametrize("iters", [5, 10, 30])
+@pytest.mark.parametrize("spread", [(1, 2, 3, 4, 4), (4, 1, 2, 4, 3), (1, 4, 4, 4, 4)])
+def test_a_call_never_spends_more_than_its_allowance_and_a_class_settles_in_three_calls(
+    tmp_path, monkeypatch, rng, iters, spread
+):
+    """Every cost of the sampled exploration (the sample's copy and session, the launches) is
+    charged, each configuration's cost predicted before it runs; with the candidates within the
+    assumed spread of an unpredicted one (UNKNOWN_RATIO), no call spends more than its allowance
+    (EXPLORE_FRACTION of the call's time on the configuration it runs), and by the third call the
+    class needs no more exploring (the fourth with 5 iterations a call)."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    assert max(spread) <= selection.UNKNOWN_RATIO
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    costs = {n: 1e-5 * r for n, r in zip(["V4", "V3", "V2", "V1", "V5"], spread)}
+    be = FakeBackend(costs=costs)
+    sp = Specializer(be, HistorySelector(h))
+    N = 400000
+    X = make_blobs(rng, N, 3, 2)
+    reasons = []
+    settle = 3 if iters >= 10 else 4  # a short call's allowance holds fewer sampled iterations
+    for call in range(settle + 1):
+        res = _train(sp, X, 2, iters=iters)
+        reasons.append(res.reason)
+        a = sp.last_exploration
+        if a is not None:
+            call_time = costs[res.variant.split("(")[0]] * N * iters
+            assert a["allowance"] <= selection.EXPLORE_FRACTION * call_time * (1 + 1e-9)
+            assert a["spent"] <= a["allowance"], (call, a)
+            assert "allowance" in res.why
+    assert reasons[settle] == "history" and sp.last_exploration is None, reasons
+
+
+def test_a_configuration_predicted_to_overshoot_is_left_for_the_next_call(tmp_path, monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
     costs = {"V4": 1e-6, "V3": 1e-5, "V2": 1e-5, "V1": 1e-5, "V5": 1e-5}  # others 10x slower
@@ -75,11 +107,11 @@ def test_exploration_stops_at_the_budget_and_resumes_next_call(tmp_path, monkeyp
     sp = Specializer(be, HistorySelector(h))
     X = make_blobs(rng, 140000, 3, 2)
     first = _train(sp, X, 2, iters=10)
-    # V4 (primary) costs 3% of the call; V3 then takes 33% > 10%: nothing after it
-    assert first.explored == ["V4", "V3(chunk=4)"]
-    second = _train(sp, X, 2, iters=10)
-    assert second.explored and "V4" not in second.explored and "V3(chunk=4)" not in second.explored
-    assert second.variant == "V4"
+    # V4 (primary) costs 2.3% of the call; an unpredicted candidate is charged 4x that: none fits
+    assert first.explored == ["V4"]
+    a = sp.last_exploration
+    assert a["spent"] <= a["allowance"] and set(a["skipped"]) >= {"V3(chunk=4)", "V2"}
+    assert "would overshoot" in first.why
     h.close()
 
 
@@ -98,6 +130,39 @@ def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
     assert [c.variant.name for c in plan.pruned] == ["V1"]
     assert "V1" not in [c.variant.name for c in plan.explore] + [plan.primary.variant.name]
     assert "pruned V1" in plan.why
+
+
+def test_prune_min_classes_counts_classes_of_the_cvtype_and_dtype(rules, monkeypatch):
+    """The pruning evidence is the classes of the problem's cvtype and dtype the prediction rests
+    on (not every class of the device), so PRUNE_MIN_CLASSES decides."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    sel, be, _ = rules
+    p = Problem(100000, 8, 16)
+    idx = sel.index(be)
+    _, _, rel, _ = sel._rank(be, p, cands(p), idx)
+    here = sum(1 for k in idx.classes if k[:2] == (p.cvtype, p.dtype))
+    assert rel and all(0 < n <= here for _, n in rel.values())
+    n_v1 = next(n for c, (_, n) in rel.items() if c.variant.name == "V1")
+    monkeypatch.setattr(selection.plan, "PRUNE_MIN_CLASSES", n_v1 + 1)
+    idx.searched.clear()
+    assert not sel.plan(be, p, cands(p)).pruned
+    monkeypatch.setattr(selection.plan, "PRUNE_MIN_CLASSES", n_v1)
+    assert [c.variant.name for c in sel.plan(be, p, cands(p)).pruned] == ["V1"]
+    # another dtype has no evidence here
+    p32 = Problem(100000, 8, 16, dtype="float32")
+    _, _, rel32, _ = sel._rank(be, p32, cands(p32), idx)
+    assert all(n == 0 for _, n in rel32.values())
+
+
+def test_the_tunable_search_proposes_the_predicted_gain_first():
+    space = {"a": [1, 2, 3], "b": [10, 20]}
+    start = {"a": 1, "b": 10}
+    measured = {search.key(start): 1.0}
+    plain = search.get("coordinate").propose(space, start, measured, 3)
+    assert plain[0] == {"a": 2, "b": 10}
+    prior = {search.key({"a": 1, "b": 20}): -0.5, search.key({"a": 2, "b": 10}): 0.3}
+    got = search.get("coordinate").propose(space, start, measured, 3, prior=prior)
+    assert got == [{"a": 1, "b": 20}, {"a": 3, "b": 10}, {"a": 2, "b": 10}]
 
 
 # ------------------------------------------------------------------ tunable search

@@ -87,6 +87,8 @@ from .plan import (  # noqa: F401
     PRUNE_MIN_CLASSES,
     SAMPLE_MIN,
     TUNE_PROPOSALS,
+    TUNE_RATIO,
+    UNKNOWN_RATIO,
     TUNE_VARIANTS,
     TUNE_WITHIN,
     Plan,
