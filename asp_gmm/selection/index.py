@@ -56,6 +56,9 @@ class _Index:
         self._coords: dict = {}  # (cvtype, dtype) -> (class keys, array of log-coordinates)
         self._predictor: dict = {}  # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
         self._vkeys: dict = {}  # (cvtype, dtype) -> every configuration measured on the whole data
+        #: class key -> [seconds of sampled (exploring) iterations, seconds of whole-data iterations,
+        #: sampled timings] as recorded (``asp-gmm history why`` shows the budget spent)
+        self.spent: dict = {}
         self._spread: dict = {}  # (cvtype, dtype) -> (rows consumed, widest ratio in a class)
         self.searched: dict = {}  # (class key, measured configurations) -> search proposals
         self.options: dict = {}  # (class key, number measured, candidates) -> [(Config, VariantKey)]
@@ -83,6 +86,14 @@ class _Index:
                     if not of:
                         self._vkeys.pop((r.cvtype, r.dtype), None)
                 agg.add(r.seconds / r.N)
+                # seconds spent: on samples (exploring) and on the whole data, per class
+                spent = self.spent.get(ck) or [0.0, 0.0, 0]
+                if of:
+                    spent[0] += r.seconds
+                    spent[2] += 1
+                else:
+                    spent[1] += r.seconds * max(getattr(r, "repeats", 1) or 1, 1)
+                self.spent[ck] = spent
             elif r.status == "compile-failed":
                 self.compile_failed.add((r.variant, r.cvtype, r.dtype))
             else:
