@@ -35,6 +35,10 @@ log = logging.getLogger("asp_gmm")
 #: Rounds of sampled exploration in one call (the variants, then steps of the tunable search),
 #: each stopped by the policy's allowance of the call's time.
 SAMPLE_ROUNDS = 8
+#: A call may spend, beyond its own allowance, what earlier calls of its class left unspent, up to
+#: this many times its own allowance (a candidate costlier than one call's allowance is explored
+#: once enough is saved, the class's total exploring held within the fraction of its total time).
+BANK_CALLS = 3
 
 
 class Specializer:
@@ -394,29 +398,55 @@ class _Exploration:
 
     Every cost is counted, by the wall clock: the sample's copy and its session, the kernels'
     look-ups (a configuration not compiled is never compiled here: the policy compiles it after
-    or beside the call), the parameter uploads and the launches. Before a configuration runs its
-    cost is predicted: the fastest per-event time measured so far (on the sample, or the class's
-    whole-data best from the history) times the plan's predicted ratio for it (the cost model or
-    the nearest classes; :attr:`Plan.unknown_ratio` when nothing predicts it), plus the largest
-    per-run overhead seen; it runs only when the prediction fits what is left of the allowance.
-    One sample and one session serve every round of the call.
+    or beside the call), the parameter uploads and the launches. The primary runs first on the
+    sample unless sampled before (it measures what a sampled iteration costs). Before each configuration
+    runs its cost is predicted: the fastest per-event time measured on the sample (in this call,
+    else in earlier calls, else the class's whole-data best) times the plan's predicted ratio for
+    it (the cost model or the nearest classes; :attr:`Plan.unknown_ratio`, or the widest ratio
+    seen in this call, when nothing predicts it), plus the largest per-run overhead seen and the
+    sample's copy when not made yet; it runs only when that fits what is left of the allowance.
+
+    The allowance is :data:`EXPLORE_FRACTION` of the call's estimated time plus what earlier calls
+    of the class left unspent (:attr:`Plan.banked`, at most :data:`BANK_CALLS` times as much): a class whose
+    candidates cost more than one call's allowance is explored over several calls, its total
+    exploring held within the fraction of its total time. One sample and one session serve every
+    round of the call; the sample is not copied when nothing fits.
     """
 
     def __init__(self, sp, X, problem, sample, max_iters, plan):
-        self.sp, self.problem, self.max_iters = sp, problem, max_iters
+        self.sp, self.problem, self.max_iters, self.X = sp, problem, max_iters, X
         self.t0 = time.perf_counter()
-        step = max(problem.N // sample, 1)
-        Xs = X[::step][:sample]
-        Xs = Xs.contiguous() if hasattr(Xs, "contiguous") else np.ascontiguousarray(Xs)
-        self.sp_problem = dataclasses.replace(problem, N=int(Xs.shape[0]))
-        self.session = sp._open(Xs, self.sp_problem)
-        self.copy = time.perf_counter() - self.t0  # the sample's copy and its session
+        self.step = max(problem.N // sample, 1)
+        self.sp_problem = dataclasses.replace(problem, N=min(sample, len(range(0, problem.N, self.step))))
+        self.session = None  # opened on the first configuration that fits the allowance
+        self.copy = 0.0  # the sample's copy and its session
         self.extra = 0.0  # reported iteration time beyond the wall clock (a backend's own timer)
         self.fastest = None  # seconds per event, fastest measured on the sample in this call
         self.slowest = 0.0  # ... and the slowest (an unpredicted configuration is charged at least as much)
         self.whole = plan.fastest  # seconds per event of the class's best on the whole data (or None)
+        self.sampled = plan.sampled_fastest  # ... on samples, in earlier calls (or None)
+        self.banked = plan.banked  # allowance earlier calls of the class left unspent
         self.overhead = 0.0  # the largest per-run cost besides the timed iteration
         self.runs, self.skipped, self.measured = 0, [], set()
+
+    def _open(self):
+        t = time.perf_counter()
+        Xs = self.X[:: self.step][: self.sp_problem.N]
+        Xs = Xs.contiguous() if hasattr(Xs, "contiguous") else np.ascontiguousarray(Xs)
+        self.session = self.sp._open(Xs, self.sp_problem)
+        self.copy = time.perf_counter() - t
+        nbytes = getattr(Xs, "nbytes", 0) or 1
+        self.sp._copy_rate = self.copy / nbytes  # predicts the next call's copy before it is made
+        return nbytes
+
+    def _predicted_copy(self) -> float:
+        if self.session is not None:
+            return 0.0
+        rate = getattr(self.sp, "_copy_rate", None)
+        if rate is None:
+            return 0.0
+        itemsize = getattr(getattr(self.X, "dtype", None), "itemsize", 4)
+        return rate * self.sp_problem.N * self.problem.D * itemsize
 
     def spent(self) -> float:
         return time.perf_counter() - self.t0 + self.extra
@@ -425,7 +455,8 @@ class _Exploration:
         rates = [r for r in (self.fastest, self.whole) if r]
         if not rates:
             return None
-        return self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates))
+        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates))
+        return base + min(self.banked, BANK_CALLS * base)
 
     def round(self, plan, weights, means, covars, reg_covar):
         """One EM iteration of the primary (unless sampled before) and of each configuration to
@@ -433,20 +464,26 @@ class _Exploration:
         measured, whether the allowance stopped one)."""
         sp, sel, backend, spp = self.sp, self.sp.policy, self.sp.backend, self.sp_problem
         done, stopped = [], False
+        # the primary runs first unless sampled before (ratio 1: it measures what a sampled
+        # iteration costs, which every later prediction scales)
         first = [] if plan.primary_sampled or plan.primary in self.measured else [plan.primary]
         for cfg in first + [c for c in plan.explore if c != plan.primary and c not in self.measured]:
             allowance = self.allowance()
-            rate = min(r for r in (self.fastest, self.whole, math.inf) if r)
+            # per-event time on a sample: measured in this call, else on samples before (a sample's
+            # iteration costs more per event than the whole data's), else the whole data's
+            rate = min((r for r in (self.fastest, self.sampled) if r), default=self.whole or math.inf)
             unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
             ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, unknown)
             if allowance is not None and rate < math.inf:
-                predicted = ratio * rate * spp.N + self.overhead
+                predicted = ratio * rate * spp.N + self.overhead + self._predicted_copy()
                 if self.spent() + predicted > allowance:
                     stopped = True
                     self.skipped.append(cfg.label)
                     continue  # a cheaper one further down may still fit
             if not backend.is_ready(cfg.variant, cfg.params, spp):
                 continue  # never compile to explore: the policy compiles it beside or after the call
+            if self.session is None:
+                self._open()
             t = time.perf_counter()
             kernel = sp._kernel(cfg, spp, sel)
             if kernel is None:
@@ -471,7 +508,8 @@ class _Exploration:
         return done, stopped
 
     def close(self):
-        self.session.close()
+        if self.session is not None:
+            self.session.close()
         self.closed = self.spent()
 
     def account(self) -> dict:

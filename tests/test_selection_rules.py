@@ -17,7 +17,7 @@ from asp_gmm import selection
 from asp_gmm.selection import costmodel, search
 from asp_gmm.problem import Problem
 from asp_gmm.selection import Config, HistorySelector, Policy
-from asp_gmm.specializer import Specializer
+from asp_gmm.specializer import BANK_CALLS, Specializer
 from asp_gmm.tuning_db import History
 from conftest import make_blobs
 from test_selection import FakeBackend, _train, fake_variant
@@ -85,17 +85,22 @@ def test_a_call_never_spends_more_than_its_allowance_and_a_class_settles_in_thre
     sp = Specializer(be, HistorySelector(h))
     N = 400000
     X = make_blobs(rng, N, 3, 2)
-    reasons = []
+    reasons, total_spent, total_time = [], 0.0, 0.0
     settle = 3 if iters >= 10 else 4  # a short call's allowance holds fewer sampled iterations
     for call in range(settle + 1):
         res = _train(sp, X, 2, iters=iters)
         reasons.append(res.reason)
         a = sp.last_exploration
+        call_time = costs[res.variant.split("(")[0]] * N * iters
+        total_time += call_time
         if a is not None:
-            call_time = costs[res.variant.split("(")[0]] * N * iters
-            assert a["allowance"] <= selection.EXPLORE_FRACTION * call_time * (1 + 1e-9)
+            # its own share, and what earlier calls of the class left unspent (bounded)
+            assert a["allowance"] <= (1 + BANK_CALLS) * selection.EXPLORE_FRACTION * call_time * (1 + 1e-9)
             assert a["spent"] <= a["allowance"], (call, a)
             assert "allowance" in res.why
+            total_spent += a["spent"]
+        # and the class's exploring, all calls together, within the fraction of their time
+        assert total_spent <= selection.EXPLORE_FRACTION * total_time * 1.02, (call, total_spent, total_time)
     assert reasons[settle] == "history" and sp.last_exploration is None, reasons
 
 
@@ -149,9 +154,10 @@ def test_prune_min_classes_counts_classes_of_the_cvtype_and_dtype(rules, monkeyp
     monkeypatch.setattr(selection.plan, "PRUNE_MIN_CLASSES", n_v1)
     assert [c.variant.name for c in sel.plan(be, p, cands(p)).pruned] == ["V1"]
     # another dtype has no evidence here
-    p32 = Problem(100000, 8, 16, dtype="float32")
-    _, _, rel32, _ = sel._rank(be, p32, cands(p32), idx)
-    assert all(n == 0 for _, n in rel32.values())
+    assert p.dtype == "float32"
+    p64 = Problem(100000, 8, 16, dtype="float64")
+    _, _, rel64, _ = sel._rank(be, p64, cands(p64), idx)
+    assert all(n == 0 for _, n in rel64.values())
 
 
 def test_the_tunable_search_proposes_the_predicted_gain_first():

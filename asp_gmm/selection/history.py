@@ -181,7 +181,8 @@ class HistorySelector(Selector):
         explore = [c for c in explore if c != primary] if untried else explore
         if not explore:
             return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
-        done = self.vkey(primary) in idx.sampled.get(problem_class(problem), {})
+        samp = idx.sampled.get(problem_class(problem), {})
+        done = self.vkey(primary) in samp
         unknown = max(_plan.UNKNOWN_RATIO, idx.spread(problem.cvtype, problem.dtype))
         return Plan(
             primary,
@@ -193,7 +194,15 @@ class HistorySelector(Selector):
             predicted={c: r for c, r in ratios.items() if c in explore},
             unknown_ratio=unknown,
             fastest=best[1] if best else None,
+            sampled_fastest=min((a.median for a in samp.values()), default=None),
+            banked=self._banked(idx, problem),
         )
+
+    @staticmethod
+    def _banked(idx, problem) -> float:
+        """The allowance earlier calls of the class left unspent (see :attr:`Plan.banked`)."""
+        spent = idx.spent.get(problem_class(problem))
+        return 0.0 if not spent else max(_plan.EXPLORE_FRACTION * spent[1] - spent[0], 0.0)
 
     @staticmethod
     def _why_best(best, options) -> str:

@@ -45,6 +45,13 @@ class Plan:
     #: seconds per event of the fastest configuration measured in the class (None: none is); the
     #: exploration allowance is reckoned from it before anything runs on the sample
     fastest: float | None = None
+    #: seconds per event of the fastest configuration timed on a sample in the class (None: none is);
+    #: predicts what a sampled iteration costs
+    sampled_fastest: float | None = None
+    #: seconds of exploring allowance earlier calls of the class left unspent:
+    #: :data:`EXPLORE_FRACTION` of the whole-data iterations recorded in the class less the
+    #: sampled iterations recorded there (a call may spend up to as much again as its own allowance)
+    banked: float = 0.0
 
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
