@@ -160,6 +160,56 @@ _BYTE_SETTINGS = {
 }
 
 
+#: The names :meth:`Settings.from_environ` reads, in order (the key of :func:`settings`' memo).
+_NAMES = (
+    "ASP_GMM_CACHE_DIR",
+    "ASP_GMM_CACHE_TRUST",
+    "ASP_GMM_DB",
+    "ASP_GMM_AUTOTUNE",
+    "ASP_GMM_CC",
+    "ASP_GMM_NUM_THREADS",
+    "ASP_GMM_NVCC",
+    "ASP_GMM_NVRTC",
+    "ASP_GMM_CUDA_DEVICE",
+    "ASP_GMM_CUDA_ESTEP",
+    "ASP_GMM_CUDA_SYNC",
+    "ASP_GMM_DEBUG",
+    "ASP_GMM_DEVICE_BUDGET",
+    "ASP_GMM_MEMORY_FRACTION",
+    "ASP_GMM_BLOCK_BYTES",
+    "ASP_GMM_CHUNK_BYTES",
+    "ASP_GMM_PROGRESS",
+    "CC",
+    "OMP_NUM_THREADS",
+)
+_memo: tuple = (None, None)  # (key, Settings), replaced whole (threads read one or the other)
+
+
+def _environ_key():
+    """The raw values of :data:`_NAMES` in ``os.environ`` now: a tuple compared by identity-cheap
+    lookups in the mapping's own dict (about a microsecond), so that :func:`settings`, asked
+    hundreds of times a call, parses the environment only when one of its values changed."""
+    data = getattr(os.environ, "_data", None)
+    enc = getattr(os.environ, "encodekey", None)
+    if data is None or enc is None:
+        return None
+    keys = _KEYS.get(id(enc))
+    if keys is None:
+        keys = _KEYS[id(enc)] = tuple(enc(n) for n in _NAMES)
+    return tuple(map(data.get, keys))
+
+
+_KEYS: dict = {}
+
+
 def settings() -> Settings:
-    """The settings as the environment holds them now."""
-    return Settings.from_environ()
+    """The settings as the environment holds them now (parsed again only when a value changed)."""
+    global _memo
+    key = _environ_key()
+    memo = _memo
+    if key is not None and memo[0] == key:
+        return memo[1]
+    out = Settings.from_environ()
+    if key is not None:
+        _memo = (key, out)
+    return out

@@ -17,6 +17,7 @@ Hierarchy::
     ASPGMMError
     ├── NotPositiveDefiniteError   (numpy.linalg.LinAlgError, ValueError)
     ├── NonFiniteError             (FloatingPointError, ValueError)
+    ├── NonFiniteInputError        (ValueError)
     ├── VariantNotApplicableError  (ValueError)
     ├── ManifestError              (ValueError)
     ├── CompileError
@@ -55,6 +56,70 @@ class NonFiniteError(ASPGMMError, _reference.NonFiniteError):
 
     Also a :class:`FloatingPointError` and a :class:`ValueError`.
     """
+
+
+class NonFiniteInputError(ASPGMMError, ValueError):
+    """The data holds NaN or infinity, found where it was uploaded (on the GPU, during the transpose).
+
+    Attributes
+    ----------
+    row, column : int
+        The first such event (the lowest row; the first bad column of that row, or -1 when the
+        host copy of that row is finite: the value overflowed the working precision on the way).
+    call : str
+        The public call that got the data (``"train"``, ``"score"``...), or "" when not known.
+    """
+
+    def __init__(self, row: int, column: int, call: str = "", beyond: str = ""):
+        self.row, self.column, self.call, self.beyond = int(row), int(column), call, beyond
+        before = ("training" if call == "train" else f"{call}()") if call else "the call"
+        if beyond:
+            msg = (
+                f"X has values beyond the {beyond} range (first at row {row}, column {column}); scale the data "
+                "or use dtype=np.float64"
+            )
+        else:
+            msg = (
+                f"X contains NaN or infinity (first at row {row}, column {column}); remove or impute those "
+                f"events before {before}"
+            )
+        super().__init__(msg)
+
+    @classmethod
+    def at(cls, X, row: int, dtype=None, line=None) -> "NonFiniteInputError":
+        """The error for X's first bad row ``row`` (its column looked up in that row alone, or in
+        ``line``, that row on the host, when X is not a host array)."""
+        import numpy as np
+
+        line = np.asarray(X[row] if line is None else line)
+        bad = np.flatnonzero(~np.isfinite(line))
+        if bad.size:
+            return cls(row, int(bad[0]), "")
+        # finite on the host: a value beyond the working precision (float64 data as float32)
+        with np.errstate(over="ignore"):
+            conv = line.astype(dtype or np.float32)
+        over = np.flatnonzero(~np.isfinite(conv))
+        return cls(row, int(over[0]) if over.size else -1, "", np.dtype(dtype or np.float32).name)
+
+    def for_call(self, call: str, within=None) -> "NonFiniteInputError":
+        """The same error, its message naming the public call; with ``within`` (the array the
+        caller passed), the row counted in that array when the data checked was a strided view of it
+        (a sample of every k-th event, as the specializer explores on)."""
+        return NonFiniteInputError(self._row_in(within), self.column, call, self.beyond)
+
+    def _row_in(self, base) -> int:
+        import numpy as np
+
+        src = getattr(self, "source", None)
+        if base is None or src is None or src is base:
+            return self.row
+        if not (isinstance(src, np.ndarray) and isinstance(base, np.ndarray)) or src.ndim != 2 or base.ndim != 2:
+            return self.row
+        step = base.strides[0]
+        start = src.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        if not np.may_share_memory(src, base) or step <= 0 or start % step or src.strides[0] % step:
+            return self.row
+        return start // step + self.row * (src.strides[0] // step)
 
 
 class CompileError(ASPGMMError):

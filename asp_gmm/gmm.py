@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from . import cuda_arrays
 from .blas import one_blas_thread
+from .errors import NonFiniteInputError
 from .fit import seed, sources
 from .fit.data import Data, _as_dtype, as_data, check_data  # noqa: F401  (check_data: for the drop-in)
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
@@ -22,6 +23,16 @@ from .problem import Problem
 from .specializer import Specializer
 
 __all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze"]
+
+
+@contextlib.contextmanager
+def _naming_call(method: str, X=None):
+    """A NaN/inf the backend found in X while uploading it is reported naming the public call (and
+    the row in X, also when the backend was checking a sample of X's rows)."""
+    try:
+        yield
+    except NonFiniteInputError as exc:
+        raise exc.for_call(method, X if isinstance(X, np.ndarray) else None) from None
 
 
 class GMM:
@@ -236,23 +247,31 @@ class GMM:
             raise ValueError(f"tol must be a number >= 0, got {tol!r}")
         if sample_weight is not None and cuda_arrays.is_cuda_array(X):
             X = cuda_arrays.to_host(X)  # weighted passes read host blocks
-        data = as_data(X, self.backend, self.D, self.dtype, self.M)
+        data = as_data(
+            X,
+            self.backend,
+            self.D,
+            self.dtype,
+            self.M,
+            device_checks=sample_weight is None and self._device_checks(True),
+        )
         if sample_weight is not None and data.kind != "stream":
             sample_weight = sources.require_positive(sources.check_weights(sample_weight, data.N), self.M)
         self._seed(data, sample_weight)
         X, N = data.X, data.N
-        res = self._specializer.train(
-            X,
-            *self._params64(),
-            self._problem(N),
-            self.reg_covar,
-            int(min_em_iters),
-            int(max_em_iters),
-            float(tol),
-            self.variant,
-            progress,
-            sample_weight=sample_weight,
-        )
+        with _naming_call("train", X):
+            res = self._specializer.train(
+                X,
+                *self._params64(),
+                self._problem(N),
+                self.reg_covar,
+                int(min_em_iters),
+                int(max_em_iters),
+                float(tol),
+                self.variant,
+                progress,
+                sample_weight=sample_weight,
+            )
         N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)
         self.means = res.means.astype(self.dtype)
@@ -261,6 +280,14 @@ class GMM:
         self.n_iter, self.converged, self.last_variant = res.iters, res.converged, res.variant
         self.last_train = res
         return res.loglik
+
+    def _device_checks(self, seeding: bool = False) -> bool:
+        """Whether the backend checks host data for NaN/inf itself (the CUDA backend, on the GPU,
+        while uploading it): then the Face makes no host pass. Not while seeding, which reads X on
+        the host first."""
+        if self.backend != "cuda":
+            return False
+        return not seeding or (self.means is not None and self.covars is not None and self.weights is not None)
 
     def eval(self, X: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
         """Per-event log-likelihood and posteriors.
@@ -285,10 +312,11 @@ class GMM:
         return np.argmax(self._evaluate(X, "predict", True)[1], axis=1)
 
     def _evaluate(self, X, method: str, want_resp: bool):
-        data = as_data(X, self.backend, self.D, self.dtype, method=method)
-        return self._specializer.evaluate(
-            data.X, *self._params64(method), self._problem(data.N), self.reg_covar, want_resp
-        )
+        data = as_data(X, self.backend, self.D, self.dtype, method=method, device_checks=self._device_checks())
+        with _naming_call(method, data.X):
+            return self._specializer.evaluate(
+                data.X, *self._params64(method), self._problem(data.N), self.reg_covar, want_resp
+            )
 
     def __repr__(self):
         return f"GMM(M={self.M}, D={self.D}, cvtype={self.cvtype!r}, dtype={self.dtype.name}, backend={self.backend!r})"

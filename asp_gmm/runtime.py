@@ -121,7 +121,7 @@ class Runtime:
                 from .tuning_db import History, HistoryError
 
                 try:
-                    h = self.histories[url] = History(url, package_version=__version__)
+                    h = self.histories[url] = History(url, package_version=__version__, background=True)
                 except HistoryError as exc:
                     self._warn_broken(url, exc)
         return h

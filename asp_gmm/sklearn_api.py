@@ -28,16 +28,8 @@ faster than scikit-learn). The initial parameters and every NumPy E- and M-step 
 module too; the drop-in keeps no copies of scikit-learn's numerical helpers (it only reproduces
 scikit-learn's starting covariances of one-event components, see ``_one_hot_params``).
 
-Initialisation
---------------
-``weights_init``, ``means_init`` and ``precisions_init`` are used as scikit-learn uses them. The
-``init_params`` methods are scikit-learn's, computed the same way while ``n_samples`` is at most
-:data:`KMEANS_SUBSAMPLE`; beyond that, "kmeans" and "k-means++" run on a random subsample of
-:data:`KMEANS_SUBSAMPLE` events (drawn from ``random_state``), every event is then labelled by its
-nearest centre, and the initial parameters are computed from those hard labels on all events in
-one pass (O(N D^2), not O(N M D^2)). So for large data the starting point differs from
-scikit-learn's (it is a k-means solution of a subsample) and the fit costs a fraction of k-means on
-all events. "random" computes one NumPy M-step from random responsibilities, as scikit-learn does.
+Initialisation: as scikit-learn's, with k-means on a subsample of large data (see
+:mod:`asp_gmm.fit.init`). Sample weights: ``fit(X, sample_weight=w)`` and ``partial_fit``.
 
 scikit-learn is an optional dependency of this module only.
 """
@@ -74,6 +66,7 @@ except ImportError:  # pragma: no cover
     Interval = StrOptions = None
 
 from . import cuda_arrays, streaming
+from .array_api import follows_input_namespace
 from .fit import init as fit_init
 from .fit import numpy_em, online
 from .fit.checks import _check_means, _check_precisions, _check_weights, _sample_weight, _working_dtype
@@ -208,6 +201,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         return state
 
     # ------------------------------------------------------------------------------ fitting
+    @follows_input_namespace(fits=True)
     def fit(self, X, y=None, sample_weight=None) -> "GaussianMixture":
         """Estimate the parameters with the EM algorithm (see
         :meth:`sklearn.mixture.GaussianMixture.fit`).
@@ -245,6 +239,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         self._fit(X, sample_weight)  # (a memmap or dataset for "tied" or "spherical": loaded, as scikit-learn does)
         return self
 
+    @follows_input_namespace(fits=True)
     def partial_fit(self, X, y=None, sample_weight=None):
         """One step of stepwise online EM on the batch X, for streams that cannot be read twice.
 
@@ -318,6 +313,7 @@ class GaussianMixture(DensityMixin, BaseEstimator):
             self.lower_bounds_.append(st.loglik)
         return self
 
+    @follows_input_namespace(fits=True)
     def fit_predict(self, X, y=None):
         """Fit, then return the most likely component of each event of X (always equal to
         ``fit(X).predict(X)``)."""
@@ -505,29 +501,34 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         lpn, resp = _estep(np.asarray(X, np.float64), w, mu, np.asarray(self.precisions_cholesky_, np.float64), cvtype)
         return lpn.astype(dt, copy=False), (resp.astype(dt, copy=False) if want_resp else None)
 
+    @follows_input_namespace()
     def score_samples(self, X):
         """Log-likelihood of each event, (n_samples,)."""
         check_is_fitted(self)
         X = _validate_data(self, X, False)
         return self._estimate(X, want_resp=False)[0]
 
+    @follows_input_namespace()
     def score(self, X, y=None):
         """Mean log-likelihood of the events of X, averaged in the working precision (as
         scikit-learn does: float32 for float32 models)."""
         return self.score_samples(X).mean()
 
+    @follows_input_namespace()
     def predict(self, X):
         """Most likely component of each event, (n_samples,) of int."""
         check_is_fitted(self)
         X = _validate_data(self, X, False)
         return np.argmax(self._estimate(X, want_resp=True)[1], axis=1)
 
+    @follows_input_namespace()
     def predict_proba(self, X):
         """Posterior probability of each component for each event, (n_samples, n_components)."""
         check_is_fitted(self)
         X = _validate_data(self, X, False)
         return self._estimate(X, want_resp=True)[1]
 
+    @follows_input_namespace(of_fitted=True)
     def sample(self, n_samples=1):
         """Random events from the fitted mixture: ``(X (n_samples, n_features), y (n_samples,))``
         (scikit-learn's algorithm and random stream)."""
@@ -563,10 +564,12 @@ class GaussianMixture(DensityMixin, BaseEstimator):
         ]
         return int(cov_params + D * M + M - 1)
 
+    @follows_input_namespace()
     def bic(self, X):
         """Bayesian information criterion of the model on X (lower is better)."""
         return -2 * self.score(X) * X.shape[0] + self._n_parameters() * math.log(X.shape[0])
 
+    @follows_input_namespace()
     def aic(self, X):
         """Akaike information criterion of the model on X (lower is better)."""
         return -2 * self.score(X) * X.shape[0] + 2 * self._n_parameters()

@@ -56,3 +56,25 @@ def test_every_setting_in_the_readme_table_and_in_config():
     for path in list((ROOT / "asp_gmm").rglob("*.py")) + list((ROOT / "tuning_db").rglob("*.py")):
         used |= set(re.findall(r"ASP_GMM_[A-Z_]+[A-Z]", path.read_text()))
     assert used <= set(config.SETTINGS), used - set(config.SETTINGS)
+
+
+def test_settings_are_parsed_again_only_when_a_value_changes(monkeypatch):
+    """settings() is asked hundreds of times a call: it returns the same object while the
+    environment's values are unchanged, and a new one as soon as any of them changes."""
+    seen = []
+
+    class Recording(dict):
+        def get(self, name, default=None):
+            seen.append(name)
+            return super().get(name, default)
+
+    config.Settings.from_environ(Recording())
+    assert tuple(seen) == config._NAMES  # the memo's key covers every name read
+    monkeypatch.delenv("ASP_GMM_CUDA_ESTEP", raising=False)
+    a = config.settings()
+    assert config.settings() is a
+    monkeypatch.setenv("ASP_GMM_CUDA_ESTEP", "estep_fast")
+    b = config.settings()
+    assert b is not a and b.cuda_estep == "estep_fast"
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert config.settings().threads() == 3

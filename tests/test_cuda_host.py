@@ -76,6 +76,8 @@ def _fake_driver(log):
         def prepared_async_call(self, grid, block, stream, *args, shared_size=0):
             assert len(args) == len(self.sig), (self.name, self.sig, args)
             log.append(self.name)
+            if self.name == "asp_upload_chunk":  # (row0, rows, span) of the staged chunk
+                drv.chunks.append((int(args[2]), int(args[3]), int(args[4])))
 
         def prepared_call(self, grid, block, *args):
             assert len(args) == len(self.sig), (self.name, self.sig, args)
@@ -101,6 +103,13 @@ def _fake_driver(log):
             dst[:] = (256, 1)  # the moments geometry
 
     def memcpy_dtoh_async(dst, src, stream):
+        if dst.dtype == np.int32:  # the upload's NaN flag: what asp_upload_chunk found in the staged chunks
+            log.append("read_flag")
+            bad = [
+                r0 + i for c, (r0, _, _) in zip(drv.copies, drv.chunks) for i in np.flatnonzero(~np.isfinite(c).all(1))
+            ]
+            dst[0] = min(bad, default=2**31 - 1)
+            return
         dst[0] = -1000.0 - 1e-6 * len(log)  # a finite, changing log-likelihood
         dst[1:2].view(np.int32)[0] = 2**31 - 1  # no bad component
 
@@ -119,8 +128,11 @@ def _fake_driver(log):
     drv.mem_alloc = lambda n: _Ptr(n, log)
     drv.memset_d8 = drv.memset_d32_async = lambda *a: None
     drv.pagelocked_zeros = lambda n, dt: np.zeros(n, dt)
-    drv.Stream = lambda: types.SimpleNamespace(synchronize=lambda: None)
-    drv.Event = lambda: types.SimpleNamespace(record=lambda s: None, time_since=lambda o: 1.0)
+    drv.pagelocked_empty = lambda shape, dt: np.zeros(shape, dt)
+    drv.copies, drv.chunks = [], []  # host -> device copies (as arrays) and the upload kernel's chunks
+    drv.memcpy_htod_async = lambda dst, src, stream: drv.copies.append(np.array(src))
+    drv.Stream = lambda: types.SimpleNamespace(synchronize=lambda: None, wait_for_event=lambda e: None)
+    drv.Event = lambda: types.SimpleNamespace(record=lambda s: None, synchronize=lambda: None, time_since=lambda o: 1.0)
     drv.memcpy_htod = drv.memcpy_dtod_async = lambda *a: None
     drv.memcpy_dtoh, drv.memcpy_dtoh_async = memcpy_dtoh, memcpy_dtoh_async
     drv.module_from_buffer = module_from_buffer

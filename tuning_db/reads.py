@@ -153,7 +153,7 @@ class _Reads:
             v = self._views.get(device_id)
             if v is None:
                 v = self._views[device_id] = DeviceView(device_id)
-                for r in self._pending:
+                for r in list(self._pending):
                     if r.device_id == device_id:
                         v._add(r)
             if not v.max_id and not v.loaded_at:

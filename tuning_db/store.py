@@ -60,6 +60,9 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         Write policy (see the module documentation).
     refresh_interval : float
         How stale an in-memory :meth:`view` may get before rows written by other processes are read.
+    background : bool
+        Write the batches on a thread of the history's own (:mod:`tuning_db.writer`), so that
+        :meth:`record` never waits for a commit; the package's shared history is opened so.
 
     Raises
     ------
@@ -76,6 +79,7 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         flush_interval: float = 1.0,
         refresh_interval: float = 5.0,
         keep_per_class: int = KEEP_PER_CLASS,
+        background: bool = False,
     ):
         self.url = url or default_url()
         self.keep_per_class = keep_per_class
@@ -83,7 +87,9 @@ class History(_Engine, _Writes, _Reads, _Transfer):
             self.url = "sqlite:///" + str(Path(self.url).expanduser().absolute())
         self.package_version = package_version
         self.batch_rows, self.flush_interval, self.refresh_interval = batch_rows, flush_interval, refresh_interval
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the database and the caches of ids
+        self._qlock = threading.Lock()  # the queue alone: record() never waits for a write
+        self._writer = None
         self._pending: list = []
         self._last_flush = time.monotonic()  # a batch starts when the history is opened
         self._views: dict = {}
@@ -103,6 +109,10 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
         self._engine = self._make_engine(u)
         self._open()
+        if background:
+            from .writer import Writer
+
+            self._writer = Writer(self)
         _registry().histories.add(self)
 
     def close(self) -> None:

@@ -43,6 +43,9 @@ class _OpenHistories:
             h._pending.clear()  # the parent writes its own queue
             h._engine.dispose(close=False)  # never share the parent's connections
             h._lock = threading.RLock()
+            h._qlock = threading.Lock()
+            if h._writer is not None:
+                h._writer.after_fork_in_child()
 
 
 _registry_instance: _OpenHistories | None = None
@@ -104,21 +107,32 @@ class _Writes:
             threads=None if threads is None else int(threads),
             sampled_from=None if sampled_from is None else int(sampled_from),
         )
-        with self._lock:
+        with self._qlock:
             if device_id not in self._fingerprints:
                 self._fingerprints[device_id] = dict(fingerprint)
             self._pending.append(row)
             view = self._views.get(device_id)
             if view is not None:
                 view._add(row)
-            if len(self._pending) >= self.batch_rows or time.monotonic() - self._last_flush >= self.flush_interval:
-                self.flush()
+            due = len(self._pending) >= self.batch_rows or time.monotonic() - self._last_flush >= self.flush_interval
+        if due:
+            self._flush_soon()
         return row
 
     def maybe_flush(self) -> None:
-        """Flush when rows are queued and the last write is older than ``flush_interval``."""
+        """Flush when rows are queued and the last write is older than ``flush_interval`` (with
+        ``background``, on the writer's thread; its last error, if any, is raised here)."""
+        if self._writer is not None:
+            self._writer.raise_pending()
         if self._pending and time.monotonic() - self._last_flush >= self.flush_interval:
+            self._flush_soon()
+
+    def _flush_soon(self) -> None:
+        if self._writer is None:
             self.flush()
+        else:
+            self._writer.raise_pending()
+            self._writer.request()
 
     @property
     def pending(self) -> int:
@@ -126,13 +140,15 @@ class _Writes:
 
     def flush(self) -> int:
         """Write the queued rows in one transaction; return how many."""
-        with self._lock:
-            rows = list(self._pending)
+        with self._lock:  # one writer at a time (the writer's thread, exit, explicit calls)
+            with self._qlock:
+                rows = list(self._pending)
             if not rows:
                 self._last_flush = time.monotonic()
                 return 0
             self._run(lambda: self._insert(rows, skip_existing=False, bound=True), "write to")
-            del self._pending[: len(rows)]
+            with self._qlock:  # rows queued meanwhile stay (only flushes remove from the front)
+                del self._pending[: len(rows)]
             self._last_flush = time.monotonic()
             return len(rows)
 

@@ -29,13 +29,17 @@ def _as_dtype(dtype) -> np.dtype:
     return dt
 
 
-def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", method: str = "train") -> np.ndarray:
+def check_data(
+    X, D: int | None, dtype, min_events: int = 1, name: str = "X", method: str = "train", device_checks: bool = False
+) -> np.ndarray:
     """Validate and return X as a C-contiguous (N, D) array of ``dtype``; messages name ``method``
     (the public call that got X: "train", "score", "eval", "predict").
 
     Integer, boolean, complex or object arrays are refused (convert explicitly); float arrays of the
     other precision and non-contiguous arrays are converted (a copy). NaN and infinity are looked for
-    on every call, except in an immutable array (:func:`asp_gmm.freeze`) already checked.
+    on every call, except in an immutable array (:func:`asp_gmm.freeze`) already checked, and
+    except with ``device_checks``: the CUDA backend checks X on the GPU while uploading it
+    (:mod:`asp_gmm.backends.cuda.staging`) and raises :class:`~asp_gmm.errors.NonFiniteInputError`.
     """
     call = f"{method}()"
     if X is None:
@@ -66,8 +70,8 @@ def check_data(X, D: int | None, dtype, min_events: int = 1, name: str = "X", me
     given = arr
     with np.errstate(over="ignore"):
         arr = np.ascontiguousarray(arr, dtype=dtype)
-    if _finite_memo().get(arr):
-        return arr  # immutable and already checked: scoring one data set under many models
+    if device_checks or _finite_memo().get(arr):
+        return arr  # checked on the GPU; or immutable and already checked (many models, one data set)
     bad = _first_non_finite(arr)
     if bad is not None:
         if given.dtype != arr.dtype and np.isfinite(given[bad]):
@@ -98,9 +102,10 @@ def _first_non_finite(arr: np.ndarray):
     return None
 
 
-def check_device_data(X, D: int, dtype, min_events: int = 1, method: str = "train"):
+def check_device_data(X, D: int, dtype, min_events: int = 1, method: str = "train", check: bool = True):
     """A CUDA array (PyTorch, CuPy, ``__cuda_array_interface__``/DLPack) checked like
-    :func:`check_data`, on its device, in ``dtype`` (converted there if needed)."""
+    :func:`check_data`, on its device, in ``dtype`` (converted there if needed). Without ``check``
+    the values are not looked at here: the session's transpose checks them."""
     X = cuda_arrays.in_dtype(X, dtype)
     info = cuda_arrays.describe(X)
     shape = info["shape"]
@@ -118,7 +123,7 @@ def check_device_data(X, D: int, dtype, min_events: int = 1, method: str = "trai
         raise ValueError(
             f"X has N={shape[0]} events, fewer than the M={min_events} components; use fewer components or more data"
         )
-    bad = cuda_arrays.first_non_finite(X)
+    bad = cuda_arrays.first_non_finite(X) if check else None
     if bad is not None:
         raise ValueError(
             f"X contains NaN or infinity (first at row {bad[0]}, column {bad[1]}); remove or impute "
@@ -145,12 +150,15 @@ class Data:
     N: int
 
 
-def as_data(X, backend_name: str, D: int, dtype, min_events: int = 1, method: str = "train") -> Data:
+def as_data(
+    X, backend_name: str, D: int, dtype, min_events: int = 1, method: str = "train", device_checks: bool = False
+) -> Data:
     """Decide what ``X`` is for ``backend_name`` and check it: a CUDA array stays on its device for
     the CUDA backend (copied to the host for others), a chunk source (:func:`sources.is_source`)
-    is streamed, anything else is a host array checked by :func:`check_data`."""
+    is streamed, anything else is a host array checked by :func:`check_data`. ``device_checks``:
+    the backend looks for NaN/inf itself (the CUDA backend, while uploading), so no host pass."""
     if cuda_arrays.is_cuda_array(X) and backend_name == "cuda":
-        X = check_device_data(X, D, dtype, min_events, method)
+        X = check_device_data(X, D, dtype, min_events, method, check=not device_checks)
         return Data("device", X, cuda_arrays.describe(X)["shape"][0])
     if method == "train" and sources.is_source(X):
         src = sources.as_source(X)
@@ -162,5 +170,5 @@ def as_data(X, backend_name: str, D: int, dtype, min_events: int = 1, method: st
         return Data("stream", src, src.n_rows or 0)
     if cuda_arrays.is_cuda_array(X):  # another backend than CUDA: its data lives on the host
         X = cuda_arrays.to_host(X)
-    X = check_data(X, D, dtype, min_events, method=method)
+    X = check_data(X, D, dtype, min_events, method=method, device_checks=device_checks)
     return Data("host", X, X.shape[0])

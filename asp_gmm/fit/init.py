@@ -1,7 +1,17 @@
 """Initialisation of the drop-in's fits as scikit-learn's ``_initialize`` does it, in memory
 (:func:`from_data`) and on a chunk source (:func:`stream_kmeans`: k-means on a uniform sample, then
 the hard-label statistics of every event), with sample weights where given. scikit-learn is
-imported on use (it is an optional dependency of asp_gmm)."""
+imported on use (it is an optional dependency of asp_gmm).
+
+``weights_init``, ``means_init`` and ``precisions_init`` are used as scikit-learn uses them. The
+``init_params`` methods are scikit-learn's, computed the same way while ``n_samples`` is at most
+:data:`KMEANS_SUBSAMPLE`; beyond that, "kmeans" and "k-means++" run on a random subsample of
+:data:`KMEANS_SUBSAMPLE` events (drawn from ``random_state``), every event is then labelled by its
+nearest centre, and the initial parameters are computed from those hard labels on all events in
+one pass (O(N D^2), not O(N M D^2)). So for large data the starting point differs from
+scikit-learn's (it is a k-means solution of a subsample) and the fit costs a fraction of k-means on
+all events. "random" computes one NumPy M-step from random responsibilities, as scikit-learn does.
+"""
 
 from __future__ import annotations
 

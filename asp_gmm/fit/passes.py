@@ -16,10 +16,10 @@ import numpy as np
 
 from .. import config
 from .. import reference as ref
-from ..errors import NonFiniteError, SettingError
+from ..errors import NonFiniteError, NonFiniteInputError, SettingError, StreamError
 from ..problem import Problem
 from .result import TrainResult
-from .sources import ChunkSource, as_source, as_weights, blocks, weighted_blocks
+from .sources import ArraySource, ChunkSource, as_source, as_weights, blocks, weighted_blocks
 from .stats import SuffStats
 
 log = logging.getLogger("asp_gmm")
@@ -142,11 +142,34 @@ def pass_stats(
     runner.set_params(weights, means, covars, reg_covar)
     st = SuffStats(problem.M, problem.D, problem.cvtype, means)
     if sample_weight is None:
-        rows = (blk for _start, blk in blocks(source, problem.D, problem.np_dtype, runner.problem.N, expect_rows))
-        for bs in runner.stats_many(rows):
-            st.add_block(bs)
-            if progress is not None:
-                progress.advance(bs.n)
+        on_device = getattr(runner, "checks_finite", False)  # NaN/inf found by the runner (the GPU)
+        starts = []
+
+        def rows():
+            for start, blk in blocks(
+                source,
+                problem.D,
+                problem.np_dtype,
+                runner.problem.N,
+                expect_rows,
+                check_finite=not on_device,
+                pieces=on_device and isinstance(source, ArraySource),
+            ):
+                starts.append(start)
+                yield blk
+
+        try:
+            for bs in runner.stats_many(rows()):
+                st.add_block(bs)
+                if progress is not None:
+                    progress.advance(bs.n)
+        except NonFiniteInputError as exc:
+            row = starts[exc.block] + exc.row if getattr(exc, "block", None) is not None else exc.row
+            what = f"values beyond the {exc.beyond} range" if exc.beyond else "NaN or infinity"
+            raise StreamError(
+                f"X has {what} at row {row}, column {exc.column}; remove or impute those events"
+                + (" or use dtype=np.float64" if exc.beyond else "")
+            ) from None
     else:
         for _start, blk, w in weighted_blocks(
             source, sample_weight, problem.D, problem.np_dtype, runner.problem.N, expect_rows

@@ -194,9 +194,10 @@ def _ordinal(k: int) -> str:
     return f"{k}{suf}"
 
 
-def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarray:
+def check_chunk(chunk, index: int, start: int, D: int | None, dtype, check_finite: bool = True) -> np.ndarray:
     """Validate chunk ``index`` (0-based) that starts at global row ``start``; return it as a
-    C-contiguous ``(n, D)`` array of ``dtype``. Errors name the chunk and the row."""
+    C-contiguous ``(n, D)`` array of ``dtype``. Errors name the chunk and the row. Without
+    ``check_finite`` the values are not looked at (the runner checks them on the device)."""
     where = f"the {_ordinal(index + 1)} chunk of the source (chunk index {index}, from row {start})"
     if cuda_arrays.is_cuda_array(chunk):  # a CUDA array beyond the device budget: streamed via the host
         chunk = cuda_arrays.to_host(chunk)
@@ -216,6 +217,8 @@ def check_chunk(chunk, index: int, start: int, D: int | None, dtype) -> np.ndarr
         )
     with np.errstate(over="ignore"):
         out = np.ascontiguousarray(arr, dtype=dtype)
+    if not check_finite:
+        return out
     ok = np.isfinite(out)
     if not ok.all():
         r, c = divmod(int(np.argmin(ok.reshape(-1))), out.shape[1])
@@ -237,24 +240,34 @@ def blocks(
     expect_rows: int | None = None,
     first_chunk: int = 0,
     first_row: int = 0,
+    check_finite: bool = True,
+    pieces: bool = False,
 ):
     """Yield ``(start_row, block)`` with every block but the last of exactly ``block_rows`` rows,
     copied from the source's chunks (validated by :func:`check_chunk`; messages count chunks from
     ``first_chunk`` and rows from ``first_row``, for a source that is part of a larger one). The
-    block buffer is reused: use each block before asking for the next."""
+    block buffer is reused: use each block before asking for the next. With ``pieces`` a block is
+    the list of its row pieces (views of the chunks, no copy; only for sources whose chunks stay
+    valid, such as :class:`ArraySource`); ``check_finite`` as in :func:`check_chunk`."""
     buf = None
     fill, total, index = 0, 0, -1
     for index, chunk in enumerate(source.chunks()):
-        arr = check_chunk(chunk, first_chunk + index, first_row + total, D, dtype)
+        arr = check_chunk(chunk, first_chunk + index, first_row + total, D, dtype, check_finite)
         if D is None:
             D = arr.shape[1]
         if buf is None:
-            buf = np.empty((block_rows, D), dtype)
+            buf = [] if pieces else np.empty((block_rows, D), dtype)
         pos = 0
         while pos < arr.shape[0]:
             take = min(block_rows - fill, arr.shape[0] - pos)
             if fill == 0 and take == block_rows:  # a whole block inside the chunk: no copy
-                yield total + pos - fill, arr[pos : pos + take]
+                yield total + pos - fill, [arr[pos : pos + take]] if pieces else arr[pos : pos + take]
+            elif pieces:
+                buf.append(arr[pos : pos + take])
+                fill += take
+                if fill == block_rows:
+                    yield total + pos + take - fill, buf
+                    buf, fill = [], 0
             else:
                 buf[fill : fill + take] = arr[pos : pos + take]
                 fill += take
@@ -264,7 +277,7 @@ def blocks(
             pos += take
         total += arr.shape[0]
     if fill:
-        yield total - fill, buf[:fill]
+        yield total - fill, buf if pieces else buf[:fill]
     if total == 0:
         raise StreamError(
             "the chunk source yielded no rows"

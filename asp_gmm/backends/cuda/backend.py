@@ -22,6 +22,7 @@ import functools
 import inspect
 import math
 import threading
+import time
 
 import numpy as np
 
@@ -41,6 +42,9 @@ from ...config import settings
 #: most 25 % of padding costs less over hundreds of iterations than the compile of an exact binary
 #: (seconds for each of the core, E-step and covariance modules) that a new M would need.
 PAD_BELOW_WORK = 1e11
+#: How long a "not compiled" answer of :meth:`CudaBackend.is_ready` is trusted: another process may
+#: compile the binary meanwhile (this process's own compiles clear the answers at once).
+NOT_READY_SECONDS = 2.0
 
 
 def component_class(M: int) -> int:
@@ -119,6 +123,7 @@ class CudaBackend(Backend):
         self._estep_pick: dict = {}  # (policy, E-step choice) by policy, shape and N class
         self._estep_cands: dict = {}  # E-step candidates by shape
         self._ready: set = set()  # is_ready keys found in the compile cache
+        self._not_ready: dict = {}  # is_ready keys not in it -> monotonic time of the answer
         self.memory = DeviceMemory(lambda: self.device)
         #: chooses the E-step (:meth:`asp_gmm.selection.Policy.choose_estep`); None: the default
         self.policy = policy
@@ -215,6 +220,7 @@ class CudaBackend(Backend):
                 )
                 mod.path = str(path)
                 self._modules[key] = mod
+                self._not_ready.clear()  # a binary was just built or loaded: ask the cache again
         return mod
 
     def core(self, problem: Problem) -> _Module:
@@ -304,13 +310,22 @@ class CudaBackend(Backend):
         key = self._module_key(variant, tun, problem)
         if key in self._modules or key in self._ready:
             return True
+        asked = self._not_ready.get(key)
+        now = time.monotonic()
+        if asked is not None and now - asked < NOT_READY_SECONDS:
+            return False  # (rendering three templates and hashing them per candidate per call cost
+            # more than half of a small call; this process's own compiles clear the memo at once)
         arch = self.device.arch
         ev, et = self.estep_variant(problem)
         for v, t in ((variant, tun), (registry.get("cuda", "core", "core"), None), (ev, et)):
             t2 = v.default_tunables()
             t2.update(t or {})
             if not is_cached(render_source(v, t2, problem), arch, binary_name(v, t2, problem)):
+                if len(self._not_ready) > 4096:
+                    self._not_ready.clear()
+                self._not_ready[key] = now
                 return False
+        self._not_ready.pop(key, None)
         self._ready.add(key)  # in the disk cache: stays so (entries are only ever added or rebuilt)
         return True
 

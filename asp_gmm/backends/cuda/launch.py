@@ -147,6 +147,7 @@ def launches(variant: registry.Variant) -> list:
 #: Signatures of the EM core's kernels (``variants/cuda/core``), which have no launch tables.
 CORE_SIGNATURES = {
     "asp_transpose": "PPii",
+    "asp_upload_chunk": "PPiiiiP",
     "asp_reset": "P",
     "asp_moments": "PPPiiPPi",
     "asp_means": "PiPPPPPi",

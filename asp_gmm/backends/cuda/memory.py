@@ -70,6 +70,43 @@ class DeviceMemory:
         self._pool: list = []  # idle _Buffers, least recently released first
         self._resident = collections.OrderedDict()  # read-only data sets on the device (LRU)
         self._hooked = False
+        self._staging = None  # the pinned upload path (:mod:`.staging`), made on first use
+        self._stream = None  # the stream of resident uploads
+
+    def staging(self):
+        """The device's :class:`~asp_gmm.backends.cuda.staging.Staging` (pinned, double-buffered
+        upload with the NaN check), made on first use and kept."""
+        if self._staging is None:
+            with self._lock:
+                if self._staging is None:
+                    from .staging import Staging
+
+                    self._hook()
+                    self._staging = Staging(self._device())
+        return self._staging
+
+    def upload(self, X, dst, problem: Problem, ldn: int, upload_fn, stream=None) -> None:
+        """Upload the host array X (problem.N, problem.D) transposed into ``dst`` [D][ldn] through
+        the staging buffers, checked for NaN/inf on the device (see :mod:`.staging`)."""
+        if stream is None:
+            if self._stream is None:
+                with self._device().active():
+                    self._stream = self._device().drv.Stream()
+            stream = self._stream
+        self.staging().upload(X, dst, problem.N, problem.D, ldn, problem.np_dtype, upload_fn, stream)
+
+    def transpose_device(self, X, dst, problem: Problem, ldn: int, upload_fn, stream) -> None:
+        """Transpose the C-contiguous CUDA array X (PyTorch, CuPy: ``__cuda_array_interface__``)
+        of shape (problem.N, problem.D) into ``dst`` [D][ldn] on the device, with no copy through
+        the host, checked for NaN/inf in the same pass (see :mod:`.staging`)."""
+        info = cuda_arrays.describe(X)
+        N, D = problem.N, problem.D
+        if info["shape"] != (N, D) or not info["contiguous"]:
+            raise KernelError(
+                f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
+                f"C-contiguous ({N}, {D})"
+            )
+        self.staging().transpose_device(X, info["ptr"], dst, N, D, ldn, problem.np_dtype, upload_fn, stream)
 
     def _hook(self):
         if not self._hooked:
@@ -78,6 +115,10 @@ class DeviceMemory:
 
     def free_all(self):
         """Free the idle device buffers and the resident data (at exit, while the context exists)."""
+        if self._staging is not None:
+            with contextlib.suppress(Exception), self._device().active():
+                self._staging.free()
+            self._staging = None
         with self._lock:
             while self._pool:
                 with contextlib.suppress(Exception):
@@ -109,7 +150,7 @@ class DeviceMemory:
             while len(self._pool) > POOL_IDLE or sum(b.nbytes for b in self._pool) > POOL_IDLE_BYTES:
                 self._pool.pop(0).free()
 
-    def resident_xt(self, X: np.ndarray, problem: Problem, core_fn):
+    def resident_xt(self, X: np.ndarray, problem: Problem, upload_fn):
         """Device pointer and leading dimension of the immutable X's resident copy (uploaded and
         transposed now if it is not resident), or None when X may change (anything but an immutable
         array, see :mod:`asp_gmm.frozen`: the copy is keyed by X's identity, never re-read)."""
@@ -135,7 +176,7 @@ class DeviceMemory:
                     self._resident.popitem(last=False)[1][1].free()
                 xt = dev.drv.mem_alloc(nbytes)
                 try:
-                    _upload_transposed(dev, X, xt, problem.N, problem.D, ldn, core_fn)
+                    self.upload(X, xt, problem, ldn, upload_fn)
                 except BaseException:
                     xt.free()
                     raise
@@ -236,48 +277,3 @@ class _Buffers:
                 if a is not None:
                     a.free()
                     setattr(self, name, None)
-
-
-def _upload_transposed(dev, X: np.ndarray, dst, N: int, D: int, ldn: int, transpose_fn):
-    """Copy X (N, D) to the device and transpose it there into dst [D][ldn] (padding zeroed)."""
-    drv = dev.drv
-    with dev.active():
-        tmp = drv.mem_alloc(max(X.nbytes, 16))
-        try:
-            drv.memcpy_htod(tmp, X)
-            total = D * ldn
-            try:
-                transpose_fn.prepared_call(
-                    (-(-total // 256), 1), (256, 1, 1), int(tmp), int(dst), np.int32(N), np.int32(ldn)
-                )
-                drv.Context.synchronize()
-            except drv.Error as exc:
-                raise KernelError(
-                    f"CUDA kernel asp_transpose (grid=({-(-total // 256)}, 1), block=256) failed: {exc}"
-                ) from None
-        finally:
-            tmp.free()
-
-
-def _transpose_on_device(dev, X, dst, N: int, D: int, ldn: int, transpose_fn):
-    """Transpose the C-contiguous CUDA array X (N, D) (PyTorch, CuPy: ``__cuda_array_interface__``)
-    into dst [D][ldn] on the device, with no copy through the host."""
-    info = cuda_arrays.describe(X)
-    if info["shape"] != (N, D) or not info["contiguous"]:
-        raise KernelError(
-            f"the CUDA array has shape {info['shape']} (contiguous: {info['contiguous']}), not a "
-            f"C-contiguous ({N}, {D})"
-        )
-    drv = dev.drv
-    with dev.active():
-        total = D * ldn
-        try:
-            drv.Context.synchronize()  # the producer's pending writes to X
-            transpose_fn.prepared_call(
-                (-(-total // 256), 1), (256, 1, 1), info["ptr"], int(dst), np.int32(N), np.int32(ldn)
-            )
-            drv.Context.synchronize()
-        except drv.Error as exc:
-            raise KernelError(
-                f"CUDA kernel asp_transpose on a device array (grid=({-(-total // 256)}, 1), block=256) failed: {exc}"
-            ) from None

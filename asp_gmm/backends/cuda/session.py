@@ -25,7 +25,6 @@ from ...reference import converged as converged_rule
 from ...problem import Problem
 from ..base import EMRun, Kernel, Session
 from .launch import COV_ARGS, ESTEP_ARGS, _Module, plan_launches
-from .memory import _transpose_on_device, _upload_transposed
 from ...config import settings
 
 _INT_MAX = 2**31 - 1
@@ -57,7 +56,7 @@ class CudaSession(Session):
         self.core = backend.core(problem)
         self.estep_mod = backend.estep(problem, policy=policy)
         self._fn = {spec.kernel: fn for spec, fn in self.core.funcs}
-        resident = backend.memory.resident_xt(X, problem, self._fn["asp_transpose"])
+        resident = backend.memory.resident_xt(X, problem, self._fn["asp_upload_chunk"])
         self.buf = backend.memory.acquire(problem, exact=resident is not None)
         self._closed = False
         self._stale = True
@@ -77,27 +76,22 @@ class CudaSession(Session):
             b.last_n = problem.N
             if resident is not None and resident[1] == b.ldn:
                 self.xt = resident[0]
+            elif X is None:  # the caller fills xt itself (the streaming runner, block by block)
+                self.xt = b.own_xt()
             else:
                 self.xt = b.own_xt()
-                if cuda_arrays.is_cuda_array(X):  # a PyTorch/CuPy array: transposed where it lies
-                    _transpose_on_device(
-                        self.dev,
+                if cuda_arrays.is_cuda_array(X):  # a PyTorch/CuPy array: transposed (and checked) where it lies
+                    backend.memory.transpose_device(
                         cuda_arrays.in_dtype(X, problem.np_dtype),
                         self.xt,
-                        problem.N,
-                        problem.D,
+                        problem,
                         b.ldn,
-                        self._fn["asp_transpose"],
+                        self._fn["asp_upload_chunk"],
+                        b.stream,
                     )
-                else:
-                    _upload_transposed(
-                        self.dev,
-                        np.ascontiguousarray(X, dtype=problem.np_dtype),
-                        self.xt,
-                        problem.N,
-                        problem.D,
-                        b.ldn,
-                        self._fn["asp_transpose"],
+                else:  # pinned, chunked, checked for NaN/inf on the device (staging.py)
+                    backend.memory.upload(
+                        np.asarray(X), self.xt, problem, b.ldn, self._fn["asp_upload_chunk"], b.stream
                     )
         except BaseException:
             self.close()
@@ -208,7 +202,17 @@ class CudaSession(Session):
         manifests' expressions are long and the host must keep ahead of the GPU at small sizes."""
         plan = self._plans.get((mod, phase))
         if plan is None:
-            plan = self._plans[(mod, phase)] = plan_launches(mod, self._env, default_args, scratch_bytes, phase)
+            # shared by the backend's sessions of the same problem and leading dimension: a call on
+            # data of a size seen before evaluates no expression (the session's own dict is the
+            # fast path within a call; the streaming runner clears it when N changes)
+            key = (mod, phase, default_args, scratch_bytes, self.problem, self.buf.ldn)
+            shared = self.backend.__dict__.setdefault("_plan_cache", {})
+            plan = shared.get(key)
+            if plan is None:
+                if len(shared) > 4096:
+                    shared.clear()
+                plan = shared[key] = plan_launches(mod, self._env, default_args, scratch_bytes, phase)
+            self._plans[(mod, phase)] = plan
         return plan
 
     def _run_plan(self, confs, scratch=None):

@@ -9,7 +9,9 @@ every block goes through it with the session's own kernels:
 * copy stream: pinned buffer -> one of two raw device buffers (``memcpy_htod_async``), an event
   marks it copied; it waits until the transpose of the block that used that raw buffer before;
 * compute stream (the session's): waits for the copy, transposes the raw rows into the session's
-  event array, then the E-step (log-likelihood copied out at once: the M-step kernels clear it),
+  event array (``asp_upload_chunk``, which also folds the block's first row holding NaN or infinity
+  into the slot's flag word, read back with the results: the host makes no NaN pass of its own,
+  :attr:`CudaStatsRunner.checks_finite`), then the E-step (log-likelihood copied out at once: the M-step kernels clear it),
   the M-step sums of the block (``asp_moments``/``asp_means``, or a fused variant's E-step and
   means phases) and the covariance variant the selection chose, which centre the block's second
   moments on the *block's* means; counts, block means and sums are copied to pinned result slots,
@@ -19,6 +21,11 @@ So block k + 1's copy overlaps block k's compute, and the host reads block k's r
 block k + 1 is under way. The block's statistics are re-centred on the current means in float64 on
 the host (``S2_c = S2_b + n_k (m_b - c)(m_b - c)^T``; the sums of ``r (x - m_b)`` are zero up to
 the ``10 eps`` of the counts).
+
+A block may be one array or a list of row pieces (consecutive, as
+:func:`asp_gmm.streaming.blocks` yields them with ``pieces=True``): the pieces are copied straight
+into the pinned buffer, so a block costs the host one multi-threaded copy, whatever the source's
+chunking. The session is opened without data (nothing is uploaded before the first block).
 """
 
 from __future__ import annotations
@@ -29,22 +36,29 @@ import os
 
 import numpy as np
 
-from ...errors import KernelError, NonFiniteError
+from ...errors import KernelError, NonFiniteError, NonFiniteInputError
 from ...problem import Problem
 from ..base import BlockStats, StatsRunner
 
 _TINY_COUNT = 10.0 * np.finfo(np.float64).eps
 _EMPTY = 1e-6
+_INT_MAX = 2**31 - 1
+#: Host copies into the pinned buffers are split into slices of at least this many bytes.
+_SLICE = 16 << 20
 
 
 class CudaStatsRunner(StatsRunner):
     """Per-block statistics on the GPU with two streams and pinned buffers (see the module docstring)."""
 
+    #: Blocks are checked for NaN/inf on the device: a bad block raises NonFiniteInputError with
+    #: ``block`` (its index in the pass) and ``row`` (within the block) set.
+    checks_finite = True
+
     def __init__(self, backend, problem: Problem, kernel=None):
         super().__init__(backend, problem, kernel)
         if kernel is None:
             raise ValueError("the CUDA backend computes block statistics with a covariance variant; pass its kernel")
-        self.session = backend.open(np.zeros((problem.N, problem.D), problem.np_dtype), problem)
+        self.session = backend.open(None, problem)
         ses = self.session
         self.drv = drv = ses.drv
         self.mod = kernel.handle
@@ -64,6 +78,8 @@ class CudaStatsRunner(StatsRunner):
                 self.res_nk = [drv.pagelocked_zeros(bp.M, np.float64) for _ in range(2)]
                 self.res_mu = [drv.pagelocked_zeros(bp.M * D, np.float64) for _ in range(2)]
                 self.res_acc = [drv.pagelocked_zeros(bp.M * self.cells, np.float64) for _ in range(2)]
+                self.flag = [drv.mem_alloc(16) for _ in range(2)]
+                self.res_flag = [drv.pagelocked_zeros(4, np.int32) for _ in range(2)]
             except drv.Error as exc:
                 self.close()
                 raise MemoryError(
@@ -98,10 +114,10 @@ class CudaStatsRunner(StatsRunner):
         ses._calls.clear()
         self._n = n
 
-    def _submit(self, k: int, X: np.ndarray) -> None:
+    def _submit(self, k: int, X) -> None:
         ses, drv = self.session, self.drv
         b, s = ses.buf, k % 2
-        n = X.shape[0]
+        n = sum(p.shape[0] for p in X) if isinstance(X, list) else X.shape[0]
         if k >= 2:
             self.copied[s].synchronize()  # the pinned buffer's last copy has left
         self._to_pinned(self.pinned[s][:n], X)
@@ -111,17 +127,22 @@ class CudaStatsRunner(StatsRunner):
         b.stream.wait_for_event(self.copied[s])
         self._set_rows(n)
         D, ldn = self.problem.D, b.ldn
+        drv.memset_d32_async(self.flag[s], _INT_MAX, 1, b.stream)
         ses._launch(
-            "asp_transpose",
-            ses._fn["asp_transpose"],
+            "asp_upload_chunk",
+            ses._fn["asp_upload_chunk"],
             (-(-D * ldn // 256), 1),
             (256, 1, 1),
             int(self.raw[s]),
             int(ses.xt),
+            np.int32(0),
             np.int32(n),
             np.int32(ldn),
+            np.int32(ldn),
+            int(self.flag[s]),
         )
         self.consumed[s].record(b.stream)
+        drv.memcpy_dtoh_async(self.res_flag[s], self.flag[s], b.stream)
         mod = self.mod
         ses._reset()
         if mod.fused:
@@ -141,20 +162,27 @@ class CudaStatsRunner(StatsRunner):
         self.done[s].record(b.stream)
         ses._launched.clear()
 
-    def _to_pinned(self, dst: np.ndarray, src: np.ndarray) -> None:
-        """Copy a block into pinned memory on several threads (NumPy releases the GIL): one thread's
-        memcpy (5-10 GB/s) is slower than the host-to-device link."""
-        n = src.shape[0]
-        parts = min(self._threads, max(1, src.nbytes >> 24))  # slices of at least 16 MiB
-        if parts <= 1:
-            np.copyto(dst, src)
+    def _to_pinned(self, dst: np.ndarray, src) -> None:
+        """Copy a block (an array, or a list of consecutive row pieces) into pinned memory on
+        several threads (NumPy releases the GIL): one thread's memcpy (5-10 GB/s) is slower than
+        the host-to-device link. The copy converts the dtype and gathers strided rows."""
+        tasks, row = [], 0
+        row_bytes = dst.strides[0] if dst.ndim == 2 else dst.itemsize
+        for piece in src if isinstance(src, list) else [src]:
+            m = piece.shape[0]
+            parts = min(self._threads, max(1, (m * row_bytes) // _SLICE))
+            cuts = [m * i // parts for i in range(parts + 1)]
+            tasks += [(dst[row + a : row + b], piece[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+            row += m
+        if len(tasks) <= 1:
+            for d, p in tasks:
+                np.copyto(d, p, casting="same_kind")
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="asp_gmm-pin")
-        cuts = [n * i // parts for i in range(parts + 1)]
-        list(self._pool.map(lambda i: np.copyto(dst[cuts[i] : cuts[i + 1]], src[cuts[i] : cuts[i + 1]]), range(parts)))
+        list(self._pool.map(lambda t: np.copyto(t[0], t[1], casting="same_kind"), tasks))
 
     def _collect(self, k: int, n: int) -> BlockStats:
         s, m, D = k % 2, self.m_live, self.problem.D
@@ -162,6 +190,11 @@ class CudaStatsRunner(StatsRunner):
             self.done[s].synchronize()
         except self.drv.Error as exc:
             raise KernelError(f"a CUDA kernel of streamed EM failed: {exc}") from None
+        bad = int(self.res_flag[s][0])
+        if bad != _INT_MAX:  # the block's data, still in pinned[s] (block k + 1 went to the other one)
+            exc = NonFiniteInputError.at(self.pinned[s], bad, self.problem.np_dtype)
+            exc.block = k
+            raise exc
         ll = float(self.res_stat[s][0])
         if not math.isfinite(ll):
             raise NonFiniteError(
@@ -192,10 +225,12 @@ class CudaStatsRunner(StatsRunner):
         pending = None
         with self.session.dev.active():
             for k, X in enumerate(blocks):
-                self._submit(k, np.ascontiguousarray(X, dtype=self.problem.np_dtype))
+                if not isinstance(X, list):
+                    X = np.asarray(X)  # (converted, if need be, by the copy into pinned memory)
+                self._submit(k, X)
                 if pending is not None:
                     yield self._collect(*pending)
-                pending = (k, X.shape[0])
+                pending = (k, self._n)
             if pending is not None:
                 yield self._collect(*pending)
 
@@ -204,9 +239,9 @@ class CudaStatsRunner(StatsRunner):
         if ses is None:
             return
         with ses.dev.active():
-            for a in getattr(self, "raw", []):
+            for a in getattr(self, "raw", []) + getattr(self, "flag", []):
                 a.free()
-        self.raw = []
+        self.raw, self.flag = [], []
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
