@@ -511,16 +511,17 @@ def main(argv=None):
     ap.add_argument("--cvtype", default="full", choices=["full", "diag"])
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
+
+    def log(msg):
+        print(msg, flush=True)
+
     if args.regret:
         shapes = [tuple(int(float(x)) for x in s.split("x")) for s in args.regret.split(",")]
-        out = regret(args.backend, shapes, args.regret_calls, args.regret_repeats, print, cvtype=args.cvtype)
+        out = regret(args.backend, shapes, args.regret_calls, args.regret_repeats, log, cvtype=args.cvtype)
         path = Path(args.out or Path(__file__).parent / "out" / f"selection_regret_{args.backend}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1))
         return
-
-    def log(msg):
-        print(msg, flush=True)
 
     backend = get_backend(args.backend)
     result = {"backend": args.backend, "device_id": backend.device_id, "fingerprint": backend.fingerprint()}
