@@ -232,7 +232,29 @@ def _why(args) -> int:
         )
     if plan.pruned:
         print(f"  not explored (predicted far slower): {', '.join(c.label for c in plan.pruned)}")
+    print(f"  budget: {_budget_line(sp, backend, p)}")
     return 0
+
+
+def _budget_line(sp, backend, p) -> str:
+    """What exploring has spent in the problem's class against the allowance (the history's
+    sampled iterations against its whole-data ones)."""
+    from . import selection
+
+    sel = sp.policy.selector
+    try:
+        idx = sel.index(backend) if isinstance(sel, selection.HistorySelector) and sel.history() else None
+    except Exception as exc:  # noqa: BLE001 - a broken history is reported, not raised
+        return f"unknown ({exc})"
+    spent = None if idx is None else idx.spent.get(selection.problem_class(p))
+    allowance = f"allowance {100 * selection.EXPLORE_FRACTION:.0f} % of each call"
+    if not spent or not spent[2]:
+        return f"nothing explored on samples in this class yet ({allowance})"
+    share = spent[0] / (spent[0] + spent[1]) if spent[0] + spent[1] > 0 else 0.0
+    return (
+        f"exploring spent {spent[0]:.3g} s on {spent[2]} sampled iteration(s) in this class against "
+        f"{spent[1]:.3g} s of whole-data iterations ({100 * share:.1f} % of the time; {allowance})"
+    )
 
 
 # ---------------------------------------------------------------------------------- info

@@ -3,6 +3,7 @@
     python benchmarks/selection.py                      # CPU grid on the C backend (a few minutes)
     python benchmarks/selection.py --grid small         # seconds, for a smoke test
     python benchmarks/selection.py --backend cuda --grid gpu    # the GPU grid (the paper's sizes)
+    python benchmarks/selection.py --regret 200000x16x16 --cvtype diag   # regret of 30 calls vs best pinned
 
 For every problem of the grid (D x M x N, full covariance, float32), every variant's default
 configuration runs ``--repeats`` single EM iterations, the variants taking turns from the same
@@ -46,6 +47,7 @@ from asp_gmm.problem import Problem  # noqa: E402
 from asp_gmm.runtime import default_runtime, set_default_selector  # noqa: E402
 from asp_gmm.selection import HistorySelector, RuleSelector, problem_class  # noqa: E402
 from asp_gmm.tuning_db import History  # noqa: E402
+from asp_gmm.specializer import Specializer  # noqa: E402
 
 GRIDS = {
     # the paper's D 2..36 and M 1..128; N up to 150 000 keeps the CPU run to minutes on 2 cores
@@ -396,6 +398,79 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
     return out
 
 
+def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full"):
+    """Cumulative cost of ``calls`` consecutive ``GMM.train(X, iters)`` calls on a fresh history
+    against the best pinned variant (default tunables), per shape.
+
+    Each repeat: a fresh private history, everything compiled first; the pinned variants are timed
+    ``max(3, repeats)`` calls each (median, steady), then ``calls`` unpinned calls, each timed
+    whole. Cumulative ratios after 3, 10 and 30 calls (sum of the calls / k x best pinned) and
+    steady (the median of the last five calls / best pinned). The medians over ``repeats``
+    are reported, with the spread (max - min) / median of each as the noise: a difference under
+    that spread is not resolved.
+    """
+    import asp_gmm
+    from asp_gmm import GMM
+
+    out = []
+    for N, D, M in shapes:
+        rng = np.random.default_rng(0)
+        centres = rng.standard_normal((M, D)) * 4
+        X = (centres[rng.integers(0, M, N)] + rng.standard_normal((N, D))).astype(np.float32)
+        per = {"3": [], "10": [], "30": [], "steady": []}
+        best_name = None
+        for r in range(repeats):
+            with tempfile.TemporaryDirectory(prefix="asp_gmm_regret_") as folder:
+                os.environ["ASP_GMM_DB"] = f"sqlite:///{folder}/h.sqlite"
+                os.environ["ASP_GMM_AUTOTUNE"] = "1"
+                set_default_selector(None)
+                asp_gmm.prepare(D, M, backend=backend_name, cvtype=cvtype)
+
+                def call(variant=None):
+                    g = GMM(M, D, cvtype=cvtype, backend=backend_name, variant=variant, seed=1)
+                    t0 = time.perf_counter()
+                    g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
+                    return time.perf_counter() - t0
+
+                os.environ["ASP_GMM_AUTOTUNE"] = "0"
+                sp = Specializer(backend_name)
+                names = [c.variant.name for c in sp.candidates(Problem(N, D, M, cvtype, "float32"))]
+                pinned = {n: statistics.median(call(n) for _ in range(3)) for n in names}
+                os.environ["ASP_GMM_AUTOTUNE"] = "1"
+                best_name = min(pinned, key=pinned.get)
+                best = pinned[best_name]
+                ts = [call() for _ in range(calls)]
+                for k in (3, 10, 30):
+                    if k <= calls:
+                        per[str(k)].append(sum(ts[:k]) / (k * best))
+                per["steady"].append(statistics.median(ts[-5:]) / best)
+                log(
+                    f"  ({N}, {D}, {M}) {cvtype} repeat {r}: best pinned {best_name} {1e3 * best:.1f} ms; "
+                    + ", ".join(f"{k}: {v[-1]:.2f}x" for k, v in per.items() if v)
+                )
+        row = dict(N=N, D=D, M=M, cvtype=cvtype, best=best_name)
+        for k, v in per.items():
+            if v:
+                med = statistics.median(v)
+                row[k] = med
+                row[k + "_noise"] = (max(v) - min(v)) / med
+        out.append(row)
+    lines = [
+        "| (N, D, M) cov | best pinned | after 3 | after 10 | after 30 | steady | noise (range/median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in out:
+        cells = [f"{r[k]:.2f}x" if k in r else "-" for k in ("3", "10", "30", "steady")]
+        noise = max(r.get(k + "_noise", 0.0) for k in ("3", "10", "30", "steady"))
+        lines.append(
+            f"| ({r['N']}, {r['D']}, {r['M']}) {r['cvtype']} | {r['best']} | "
+            + " | ".join(cells)
+            + f" | {100 * noise:.0f} % |"
+        )
+    log("\n".join(lines))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--backend", default="c")
@@ -426,11 +501,27 @@ def main(argv=None):
         action="store_true",
         help="GPU: first call at N=10M, 2 repeats, and 8 shapes with default tunables (about 4 minutes)",
     )
+    ap.add_argument(
+        "--regret",
+        default=None,
+        help="shapes NxDxM,... : cumulative cost of consecutive calls on a fresh history against the best pinned variant",
+    )
+    ap.add_argument("--regret-calls", type=int, default=30)
+    ap.add_argument("--regret-repeats", type=int, default=3)
+    ap.add_argument("--cvtype", default="full", choices=["full", "diag"])
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
 
     def log(msg):
         print(msg, flush=True)
+
+    if args.regret:
+        shapes = [tuple(int(float(x)) for x in s.split("x")) for s in args.regret.split(",")]
+        out = regret(args.backend, shapes, args.regret_calls, args.regret_repeats, log, cvtype=args.cvtype)
+        path = Path(args.out or Path(__file__).parent / "out" / f"selection_regret_{args.backend}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=1))
+        return
 
     backend = get_backend(args.backend)
     result = {"backend": args.backend, "device_id": backend.device_id, "fingerprint": backend.fingerprint()}

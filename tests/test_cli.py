@@ -311,6 +311,21 @@ def test_history_why_shows_the_plan_and_its_reasons(db, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "N=1500000 D=19 M=16 full float32: runs" in out and "(explore)" in out
     assert "why: rule order (nothing measured nearby)" in out and "explores first" in out
+    assert "budget: nothing explored on samples in this class yet (allowance 10 % of each call)" in out
+    # what exploring spent in the class: its sampled iterations against the whole-data ones
+    from asp_gmm.problem import Problem
+    from asp_gmm.specializer import Specializer
+
+    sp = Specializer("c")
+    p = Problem(1500000, 19, 16)
+    cfg = sp.candidates(p)[0]
+    sp.policy.record(sp.backend, Problem(40000, 19, 16), cfg, "ok", 0.25, 0.1, 1, sampled_from=p.N)
+    sp.policy.record(sp.backend, p, cfg, "ok", 0.5, 0.2, 10)
+    sp.policy.selector.flush()
+    assert cli.main(["history", "why", "--N", "1500000", "--D", "19", "--M", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "budget: exploring spent 0.25 s on 1 sampled iteration(s) in this class against 5 s" in out
+    assert "(4.8 % of the time; allowance 10 % of each call)" in out
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
     assert cli.main(["history", "why", "--N", "1000", "--D", "2", "--M", "2"]) == 0
     assert "(rule)" in capsys.readouterr().out

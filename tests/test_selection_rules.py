@@ -16,7 +16,7 @@ from asp_gmm import selection
 from asp_gmm.selection import costmodel, search
 from asp_gmm.problem import Problem
 from asp_gmm.selection import Config, HistorySelector, Policy
-from asp_gmm.specializer import Specializer
+from asp_gmm.specializer import BANK_CALLS, Specializer
 from asp_gmm.tuning_db import History
 from conftest import make_blobs
 from test_selection import FakeBackend, _train, fake_variant
@@ -61,13 +61,54 @@ def test_large_n_explores_on_a_sample_records_it_as_sampled_and_keeps_the_result
     be2.preference = [first.variant.split("(")[0]]
     ref = _train(Specializer(be2, selection.RuleSelector()), X, 2, iters=10)
     np.testing.assert_allclose(first.means, ref.means, rtol=1e-12)
-    # and the best sampled variant (V3, measured within the budget of 10 iterations) runs the bulk
-    assert any(label.startswith("V3") for label in first.explored)
-    assert first.variant.startswith("V3")
+    # and the best variant (V3) is measured on the sample within three calls (each within its
+    # allowance) and from then on runs the bulk
+    calls = [first]
+    while len(calls) < 3 and not any(label.startswith("V3") for c in calls for label in c.explored):
+        calls.append(_train(sp, X, 2, iters=10))
+    assert any(label.startswith("V3") for c in calls for label in c.explored), [c.explored for c in calls]
+    assert _train(sp, X, 2, iters=10).variant.startswith("V3")
     h.close()
 
 
-def test_exploration_stops_at_the_budget_and_resumes_next_call(tmp_path, monkeypatch, rng):
+@pytest.mark.parametrize("iters", [5, 10, 30])
+@pytest.mark.parametrize("spread", [(1, 2, 3, 4, 4), (4, 1, 2, 4, 3), (1, 4, 4, 4, 4)])
+def test_a_call_never_spends_more_than_its_allowance_and_a_class_settles_in_three_calls(
+    tmp_path, monkeypatch, rng, iters, spread
+):
+    """Every cost of the sampled exploration (the sample's copy and session, the launches) is
+    charged, each configuration's cost predicted before it runs; with the candidates within the
+    assumed spread of an unpredicted one (UNKNOWN_RATIO), no call spends more than its allowance
+    (EXPLORE_FRACTION of the call's time on the configuration it runs), and by the third call the
+    class needs no more exploring (the fourth with 5 iterations a call)."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    assert max(spread) <= selection.UNKNOWN_RATIO
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    costs = {n: 1e-5 * r for n, r in zip(["V4", "V3", "V2", "V1", "V5"], spread)}
+    be = FakeBackend(costs=costs)
+    sp = Specializer(be, HistorySelector(h))
+    N = 400000
+    X = make_blobs(rng, N, 3, 2)
+    reasons, total_spent, total_time = [], 0.0, 0.0
+    settle = 3 if iters >= 10 else 4  # a short call's allowance holds fewer sampled iterations
+    for call in range(settle + 1):
+        res = _train(sp, X, 2, iters=iters)
+        reasons.append(res.reason)
+        a = sp.last_exploration
+        call_time = costs[res.variant.split("(")[0]] * N * iters
+        total_time += call_time
+        if a is not None:
+            # its own share, and what earlier calls of the class left unspent (bounded)
+            assert a["allowance"] <= (1 + BANK_CALLS) * selection.EXPLORE_FRACTION * call_time * (1 + 1e-9)
+            assert a["spent"] <= a["allowance"], (call, a)
+            assert "allowance" in res.why
+            total_spent += a["spent"]
+        # and the class's exploring, all calls together, within the fraction of their time
+        assert total_spent <= selection.EXPLORE_FRACTION * total_time * 1.02, (call, total_spent, total_time)
+    assert reasons[settle] == "history" and sp.last_exploration is None, reasons
+
+
+def test_a_configuration_predicted_to_overshoot_is_left_for_the_next_call(tmp_path, monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
     costs = {"V4": 1e-6, "V3": 1e-5, "V2": 1e-5, "V1": 1e-5, "V5": 1e-5}  # others 10x slower
@@ -75,36 +116,33 @@ def test_exploration_stops_at_the_budget_and_resumes_next_call(tmp_path, monkeyp
     sp = Specializer(be, HistorySelector(h))
     X = make_blobs(rng, 140000, 3, 2)
     first = _train(sp, X, 2, iters=10)
-    # V4 (primary) costs 2.3 % of the call's estimate (10 x 140000 events at V4's rate); V3 was
-    # untried, so its cost was estimated at the slowest rate seen (V4's) and it started: it took
-    # 23 % (a sampled iteration cannot be stopped half-way), and nothing started after it
-    assert first.explored == ["V4", "V3(chunk=4)"]
-    spent = [costs[label.split("(")[0]] * selection.SAMPLE_MIN for label in first.explored]
-    allowance = sp.policy.explore_allowance(Problem(140000, 3, 2), 10, costs["V4"])
-    assert sum(spent[:-1]) + costs["V4"] * selection.SAMPLE_MIN <= allowance < sum(spent)
-    second = _train(sp, X, 2, iters=10)
-    assert second.explored and "V4" not in second.explored and "V3(chunk=4)" not in second.explored
-    assert second.variant == "V4"
+    # V4 (primary) costs 2.3% of the call; an unpredicted candidate is charged 4x that: none fits
+    assert first.explored == ["V4"]
+    a = sp.last_exploration
+    assert a["spent"] <= a["allowance"] and set(a["skipped"]) >= {"V3(chunk=4)", "V2"}
+    assert "would overshoot" in first.why
     h.close()
 
 
 def test_exploration_within_twice_the_primary_stays_inside_the_allowance(tmp_path, monkeypatch, rng):
-    # candidates at most twice the primary's cost: the estimate before each one holds, so what the
-    # exploration spends (one sampled iteration each) stays within EXPLORE_FRACTION of the call
+    # candidates at most twice the primary's cost: every call's exploring (one sampled iteration a
+    # configuration) stays within its allowance, nothing is measured twice, and within four calls
+    # every candidate has been measured
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
     costs = {"V4": 1e-6, "V3": 1.5e-6, "V2": 1.2e-6, "V1": 2e-6, "V5": 1.8e-6}
     be = FakeBackend(costs=costs)
     sp = Specializer(be, HistorySelector(h))
     X = make_blobs(rng, 140000, 3, 2)
-    first = _train(sp, X, 2, iters=10)
-    spent = sum(costs[label.split("(")[0]] * selection.SAMPLE_MIN for label in first.explored)
-    allowance = sp.policy.explore_allowance(Problem(140000, 3, 2), 10, costs["V4"])
-    assert len(first.explored) >= 3 and spent <= allowance
-    # the rest is explored by later calls, each within its own allowance
-    second = _train(sp, X, 2, iters=10)
-    assert second.explored and not set(second.explored) & set(first.explored)
-    assert sum(costs[label.split("(")[0]] * selection.SAMPLE_MIN for label in second.explored) <= allowance
+    explored = []
+    for _ in range(4):
+        res = _train(sp, X, 2, iters=10)
+        a = sp.last_exploration
+        if a is not None:
+            assert a["spent"] <= a["allowance"], a
+        assert not set(res.explored) & set(explored), (res.explored, explored)
+        explored += res.explored
+    assert {label.split("(")[0] for label in explored} == set(costs), explored
     h.close()
 
 
@@ -123,6 +161,40 @@ def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
     assert [c.variant.name for c in plan.pruned] == ["V1"]
     assert "V1" not in [c.variant.name for c in plan.explore] + [plan.primary.variant.name]
     assert "pruned V1" in plan.why
+
+
+def test_prune_min_classes_counts_classes_of_the_cvtype_and_dtype(rules, monkeypatch):
+    """The pruning evidence is the classes of the problem's cvtype and dtype the prediction rests
+    on (not every class of the device), so PRUNE_MIN_CLASSES decides."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    sel, be, _ = rules
+    p = Problem(100000, 8, 16)
+    idx = sel.index(be)
+    _, _, rel, _ = sel._rank(be, p, cands(p), idx)
+    here = sum(1 for k in idx.classes if k[:2] == (p.cvtype, p.dtype))
+    assert rel and all(0 < n <= here for _, n in rel.values())
+    n_v1 = next(n for c, (_, n) in rel.items() if c.variant.name == "V1")
+    monkeypatch.setattr(selection.plan, "PRUNE_MIN_CLASSES", n_v1 + 1)
+    idx.searched.clear()
+    assert not sel.plan(be, p, cands(p)).pruned
+    monkeypatch.setattr(selection.plan, "PRUNE_MIN_CLASSES", n_v1)
+    assert [c.variant.name for c in sel.plan(be, p, cands(p)).pruned] == ["V1"]
+    # another dtype has no evidence here
+    assert p.dtype == "float32"
+    p64 = Problem(100000, 8, 16, dtype="float64")
+    _, _, rel64, _ = sel._rank(be, p64, cands(p64), idx)
+    assert all(n == 0 for _, n in rel64.values())
+
+
+def test_the_tunable_search_proposes_the_predicted_gain_first():
+    space = {"a": [1, 2, 3], "b": [10, 20]}
+    start = {"a": 1, "b": 10}
+    measured = {search.key(start): 1.0}
+    plain = search.get("coordinate").propose(space, start, measured, 3)
+    assert plain[0] == {"a": 2, "b": 10}
+    prior = {search.key({"a": 1, "b": 20}): -0.5, search.key({"a": 2, "b": 10}): 0.3}
+    got = search.get("coordinate").propose(space, start, measured, 3, prior=prior)
+    assert got == [{"a": 1, "b": 20}, {"a": 3, "b": 10}, {"a": 2, "b": 10}]
 
 
 # ------------------------------------------------------------------ tunable search

@@ -59,7 +59,22 @@ class per event, scaled by the class's whole-data/sampled calibration; the speci
 calls) and then runs every iteration of the call with the best configuration now known. Small
 problems explore in place as before (each explored iteration is one of the call's). Untried
 candidates that the prediction puts more than :data:`PRUNE_FACTOR` times slower than the best,
-on at least :data:`PRUNE_MIN_CLASSES` measured classes, are pruned (``Plan.pruned``).
+on at least :data:`PRUNE_MIN_CLASSES` measured classes *of the problem's cvtype and dtype* (the
+classes the cost model of each configuration rests on), are pruned (``Plan.pruned``).
+
+*An allowance that holds* (issue 37). Every cost of the sampled exploration is charged by the wall
+clock (the sample's copy and session, kernel look-ups, parameter uploads, launches; nothing is
+compiled to explore) and each configuration's cost is predicted before it runs: the fastest
+sampled per-event time times the plan's predicted ratio (``Plan.predicted``: the cost model or the
+nearest classes; for tunables the variant's time times the prior, else :data:`TUNE_RATIO`), or
+``Plan.unknown_ratio`` (the device's widest measured spread, at least :data:`UNKNOWN_RATIO`)
+when nothing predicts it, plus the overheads seen; a configuration that would overshoot is left
+for a later call. What earlier calls of the class left unspent (``Plan.banked``) may be spent
+too (at most ``asp_gmm.specializer.BANK_CALLS`` times the call's own allowance), so the class's
+total exploring stays within :data:`EXPLORE_FRACTION` of its total time. ``TrainResult.why``
+states each call's spending; ``asp-gmm history why`` the class's. The bound rests on the
+prediction: a configuration slower than predicted (an unpredicted one more than
+``unknown_ratio`` times the fastest) overshoots once, and its measured ratio then counts.
 
 *Tunables.* Once every variant is measured in a class, the search strategy
 (:mod:`asp_gmm.selection.search`, coordinate descent by default) proposes tunable combinations of the
@@ -87,6 +102,8 @@ from .plan import (  # noqa: F401
     PRUNE_MIN_CLASSES,
     SAMPLE_MIN,
     TUNE_PROPOSALS,
+    TUNE_RATIO,
+    UNKNOWN_RATIO,
     TUNE_VARIANTS,
     TUNE_WITHIN,
     Plan,

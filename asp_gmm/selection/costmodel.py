@@ -41,6 +41,8 @@ class CostModel:
 
     def __init__(self, points: dict):
         self.coef: dict = {}
+        #: {config key: measured classes its model rests on} (the evidence pruning asks for)
+        self.n: dict = {}
         for k, pts in points.items():
             if len(pts) < MIN_POINTS:
                 continue
@@ -54,6 +56,7 @@ class CostModel:
             ym = y.mean()
             coef = np.linalg.solve(Z.T @ Z + RIDGE * len(y) * np.eye(Z.shape[1]), Z.T @ (y - ym))
             self.coef[k] = (mu, sd, ym, coef)
+            self.n[k] = len(pts)
 
     def predict(self, key, lnN: float, lnD: float, lnM: float) -> float | None:
         """Predicted ln(seconds per event) of configuration ``key``, or None (not modelled)."""

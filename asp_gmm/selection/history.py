@@ -8,10 +8,8 @@ import threading
 
 from ..registry import Config
 from .index import NEIGHBOURS, _Index, problem_class
+from . import plan as _plan
 from .plan import (
-    PRUNE_FACTOR,
-    PRUNE_MIN_CLASSES,
-    TUNE_PROPOSALS,
     TUNE_VARIANTS,
     TUNE_WITHIN,
     Plan,
@@ -146,20 +144,23 @@ class HistorySelector(Selector):
                 how,
             )
             return Plan(ranking[0], [], "predicted" if predicted else "rule", why=how)
-        pruned, explore, why = [], [], ""
+        pruned, explore, why, ratios = [], [], "", {}
         if untried:
-            ranking, predicted, rel, how = self._rank(backend, problem, valid, idx)
+            ranking, _, rel, how = self._rank(backend, problem, valid, idx)
             for c in ranking:
                 if c not in untried:
                     continue
                 r = rel.get(c)
-                if r is not None and r[1] >= PRUNE_MIN_CLASSES and r[0] > math.log(PRUNE_FACTOR):
+                # evidence is counted per cvtype and dtype (the predictor is fitted per pair)
+                if r is not None and r[1] >= _plan.PRUNE_MIN_CLASSES and r[0] > math.log(_plan.PRUNE_FACTOR):
                     pruned.append(c)
                 else:
                     explore.append(c)
+                    if r is not None:
+                        ratios[c] = math.exp(r[0])
             primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
             why = how + (
-                f"; pruned {', '.join(c.label for c in pruned)} (predicted > {PRUNE_FACTOR:g}x the best)"
+                f"; pruned {', '.join(c.label for c in pruned)} (predicted > {_plan.PRUNE_FACTOR:g}x the best)"
                 if pruned
                 else ""
             )
@@ -167,12 +168,12 @@ class HistorySelector(Selector):
             primary = best[0]
         if not explore:
             skey = (problem_class(problem), frozenset(self.vkey(c) for c, _ in options), len(valid))
-            explore = idx.searched.get(skey)
-            if explore is None:
+            got = idx.searched.get(skey)
+            if got is None:
                 if len(idx.searched) > 4096:
                     idx.searched.clear()
-                explore = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
-            explore = list(explore)
+                got = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
+            explore, ratios = list(got[0]), dict(got[1])
             if explore:
                 why = f"{self.strategy.name} search of the tunables of " + ", ".join(
                     sorted({c.variant.name for c in explore})
@@ -180,8 +181,28 @@ class HistorySelector(Selector):
         explore = [c for c in explore if c != primary] if untried else explore
         if not explore:
             return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
-        done = self.vkey(primary) in idx.sampled.get(problem_class(problem), {})
-        return Plan(primary, explore, "explore", pruned, why, done)
+        samp = idx.sampled.get(problem_class(problem), {})
+        done = self.vkey(primary) in samp
+        unknown = max(_plan.UNKNOWN_RATIO, idx.spread(problem.cvtype, problem.dtype))
+        return Plan(
+            primary,
+            explore,
+            "explore",
+            pruned,
+            why,
+            done,
+            predicted={c: r for c, r in ratios.items() if c in explore},
+            unknown_ratio=unknown,
+            fastest=best[1] if best else None,
+            sampled_fastest=min((a.median for a in samp.values()), default=None),
+            banked=self._banked(idx, problem),
+        )
+
+    @staticmethod
+    def _banked(idx, problem) -> float:
+        """The allowance earlier calls of the class left unspent (see :attr:`Plan.banked`)."""
+        spent = idx.spent.get(problem_class(problem))
+        return 0.0 if not spent else max(_plan.EXPLORE_FRACTION * spent[1] - spent[0], 0.0)
 
     @staticmethod
     def _why_best(best, options) -> str:
@@ -219,11 +240,12 @@ class HistorySelector(Selector):
             idx.options[ckey] = got
         return [(c, measured[vk]) for c, vk in got]
 
-    def _search(self, backend, problem, valid, options, idx) -> list:
-        """Tunable combinations to measure next (the search strategy's proposals) for the variants
-        within :data:`TUNE_WITHIN` of the best measured time, best variant first."""
+    def _search(self, backend, problem, valid, options, idx) -> tuple:
+        """Tunable combinations to measure next (the search strategy's proposals, most expected
+        gain first) for the variants within :data:`TUNE_WITHIN` of the best measured time, best
+        variant first; with ``{Config: predicted time relative to the class's best}``."""
         if not options:
-            return []
+            return [], {}
         from . import search
 
         strategy = self.strategy
@@ -233,9 +255,10 @@ class HistorySelector(Selector):
             if n not in best_by_variant or t < best_by_variant[n][1]:
                 best_by_variant[n] = (c, t)
         top = min(t for _, t in best_by_variant.values())
-        out = []
+        out, predicted = [], {}
         ctx = backend.limit_context()
         start_of = {c.variant.name: c for c in valid}
+        proposals = _plan.TUNE_PROPOSALS
         for name, (c, t) in sorted(best_by_variant.items(), key=lambda kv: kv[1][1])[:TUNE_VARIANTS]:
             v = c.variant
             if t > TUNE_WITHIN * top or not v.tunables or name not in start_of:
@@ -247,10 +270,56 @@ class HistorySelector(Selector):
                     not v.allows(problem, combo, ctx) or idx.failed(self.vkey(Config.of(v, combo)), problem)
                 ):
                     measured[k] = math.inf
-            for combo in strategy.propose(v.tunables, start_of[name].params, measured, TUNE_PROPOSALS - len(out)):
-                out.append(Config.of(v, combo))
-            if len(out) >= TUNE_PROPOSALS:
+            prior = self._tunable_prior(problem, v, c, idx, [k for k, tt in measured.items() if tt != math.inf])
+            for combo in strategy.propose(
+                v.tunables, start_of[name].params, measured, proposals - len(out), prior=prior
+            ):
+                cfg = Config.of(v, combo)
+                out.append(cfg)
+                k = search.key(combo)
+                predicted[cfg] = (t / top) * (math.exp(prior[k]) if k in prior else _plan.TUNE_RATIO)
+            if len(out) >= proposals:
                 break
+        return out, predicted
+
+    def _tunable_prior(self, problem, variant, best, idx, measured_here) -> dict:
+        """{tunables key: predicted ln(time / time of ``best``)} for combinations of ``variant``
+        measured elsewhere on this device: the cost model's prediction where it models both, else
+        the weighted mean over the nearest classes (of the cvtype and dtype) that measured both.
+        Combinations nothing predicts are left out (the strategy puts them after the predicted
+        gains, before the predicted losses)."""
+        from . import search
+
+        if not idx.classes:
+            return {}
+        name, model, _, _ = idx.predictor(problem.cvtype, problem.dtype)
+        bk = self.vkey(best)
+        coords = (math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M))
+        out: dict = {}
+        combos = {
+            search.key(combo): self.vkey(Config.of(variant, combo))
+            for combo in variant.tunable_space()
+            if search.key(combo) not in measured_here
+        }
+        if model is not None:
+            pb = model.predict(bk, *coords)
+            if pb is not None:
+                for k, vk in combos.items():
+                    p = model.predict(vk, *coords)
+                    if p is not None:
+                        out[k] = p - pb
+        near = [(d, idx.scores(ck)) for d, ck in idx.nearest(problem)[: 2 * NEIGHBOURS]]
+        for k, vk in combos.items():
+            if k in out:
+                continue
+            num = den = 0.0
+            for d, per in near:
+                if vk in per and bk in per and per[bk] > 0:
+                    w = 1.0 / (d + 0.25)
+                    num += w * math.log(per[vk] / per[bk])
+                    den += w
+            if den:
+                out[k] = num / den
         return out
 
     def _rank(self, backend, problem, valid, idx):
@@ -283,8 +352,8 @@ class HistorySelector(Selector):
             ranked = model.rank(list(keys), math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M))
             if ranked:
                 lo = ranked[0][0]
-                npts = len(idx.classes)
-                rel = {keys[k]: (p - lo, npts) for p, k in ranked}
+                # evidence: the classes of this cvtype and dtype each configuration's model rests on
+                rel = {keys[k]: (p - lo, model.n.get(k, 0)) for p, k in ranked}
                 ranking = sorted(base, key=lambda c: (0, rel[c][0], pos[c]) if c in rel else (1, 0.0, pos[c]))
                 return (
                     ranking,

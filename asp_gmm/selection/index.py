@@ -56,6 +56,10 @@ class _Index:
         self._coords: dict = {}  # (cvtype, dtype) -> (class keys, array of log-coordinates)
         self._predictor: dict = {}  # (cvtype, dtype) -> (name, CostModel or None, loo nn, loo model)
         self._vkeys: dict = {}  # (cvtype, dtype) -> every configuration measured on the whole data
+        #: class key -> [seconds of sampled (exploring) iterations, seconds of whole-data iterations,
+        #: sampled timings] as recorded (``asp-gmm history why`` shows the budget spent)
+        self.spent: dict = {}
+        self._spread: dict = {}  # (cvtype, dtype) -> (rows consumed, widest ratio in a class)
         self.searched: dict = {}  # (class key, measured configurations) -> search proposals
         self.options: dict = {}  # (class key, number measured, candidates) -> [(Config, VariantKey)]
 
@@ -82,6 +86,14 @@ class _Index:
                     if not of:
                         self._vkeys.pop((r.cvtype, r.dtype), None)
                 agg.add(r.seconds / r.N)
+                # seconds spent: on samples (exploring) and on the whole data, per class
+                spent = self.spent.get(ck) or [0.0, 0.0, 0]
+                if of:
+                    spent[0] += r.seconds
+                    spent[2] += 1
+                else:
+                    spent[1] += r.seconds * max(getattr(r, "repeats", 1) or 1, 1)
+                self.spent[ck] = spent
             elif r.status == "compile-failed":
                 self.compile_failed.add((r.variant, r.cvtype, r.dtype))
             else:
@@ -128,6 +140,20 @@ class _Index:
         here = np.array([N_WEIGHT * math.log(max(problem.N, 1)), math.log(problem.D), math.log(problem.M)])
         d = np.sqrt(((arr - here) ** 2).sum(axis=1))
         return [(float(d[i]), keys[i]) for i in np.argsort(d, kind="stable")]
+
+    def spread(self, cvtype: str, dtype: str) -> float:
+        """The widest ratio slowest / fastest among the configurations measured in one class of
+        this cvtype and dtype (whole-data timings; 1.0 when no class has two)."""
+        got = self._spread.get((cvtype, dtype))
+        if got is None or got[0] != self.consumed:
+            widest = 1.0
+            for k, per in self.classes.items():
+                if k[:2] == (cvtype, dtype) and len(per) > 1:
+                    ts = [a.median for a in per.values() if a.median > 0]
+                    if len(ts) > 1:
+                        widest = max(widest, max(ts) / min(ts))
+            got = self._spread[(cvtype, dtype)] = (self.consumed, widest)
+        return got[1]
 
     def measured_keys(self, cvtype: str, dtype: str) -> set:
         """Every configuration (VariantKey) with a whole-data timing of this cvtype and dtype."""

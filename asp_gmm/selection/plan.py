@@ -34,6 +34,24 @@ class Plan:
     #: ``primary`` is not compiled: it compiles in the background while the call runs on a compiled
     #: candidate, and the call switches to it once it is ready.
     primary_in_background: bool = False
+    #: {Config: predicted time relative to the fastest in the class (>= 1)} of the configurations
+    #: to explore whose cost the history predicts; the others are assumed ``unknown_ratio`` times
+    #: the fastest (the exploration allowance is charged with the prediction before each runs).
+    predicted: dict = field(default_factory=dict)
+    #: the assumed cost ratio of a configuration nothing predicts: the widest spread between the
+    #: configurations of one class measured on this device for the cvtype and dtype
+    #: (:data:`UNKNOWN_RATIO` at least)
+    unknown_ratio: float = 0.0
+    #: seconds per event of the fastest configuration measured in the class (None: none is); the
+    #: exploration allowance is reckoned from it before anything runs on the sample
+    fastest: float | None = None
+    #: seconds per event of the fastest configuration timed on a sample in the class (None: none is);
+    #: predicts what a sampled iteration costs
+    sampled_fastest: float | None = None
+    #: seconds of exploring allowance earlier calls of the class left unspent:
+    #: :data:`EXPLORE_FRACTION` of the whole-data iterations recorded in the class less the
+    #: sampled iterations recorded there (a call may spend up to as much again as its own allowance)
+    banked: float = 0.0
 
 
 #: Rule for each backend when nothing has been measured: names in order of preference, with the
@@ -58,6 +76,13 @@ ESTEP_PREFERENCE = {
 EXPLORE_COMPILE_WORK = 1e9
 #: Most of a call's (estimated) time that exploring may take; the rest is left for next calls.
 EXPLORE_FRACTION = 0.10
+#: What a configuration nothing predicts is assumed to cost, at least, relative to the fastest
+#: measured on the sample (the widest spread measured in one class of the history counts when it
+#: is wider): exploring charges this to the allowance before it runs the configuration.
+UNKNOWN_RATIO = 4.0
+#: A tunables combination of a variant is charged this factor over the variant's best time in the
+#: class when nothing predicts it (tunables move a variant's time by tens of per cent).
+TUNE_RATIO = 1.5
 #: Fewest events an exploration sample has: below that, fixed costs (thread teams, launches)
 #: blur the per-event times the sample is for.
 SAMPLE_MIN = 32768
@@ -69,7 +94,7 @@ PRUNE_MIN_CLASSES = 2
 #: searched, at most :data:`TUNE_VARIANTS` of them, :data:`TUNE_PROPOSALS` combinations a call.
 TUNE_WITHIN = 1.25
 TUNE_VARIANTS = 2
-TUNE_PROPOSALS = 6
+TUNE_PROPOSALS = 8
 
 
 def autotune_enabled() -> bool:

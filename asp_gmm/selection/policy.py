@@ -126,10 +126,13 @@ class Policy:
         explored iteration is one of the call's EM iterations) when that is at most a quarter of
         the sample the budget allows, else a sample of about :data:`EXPLORE_FRACTION` of the
         call's events-iterations shared by the explored configurations and the primary (each run
-        for one iteration, each allowed twice the primary's time), at least :data:`SAMPLE_MIN`.
+        for one iteration, each allowed twice the primary's time) and the tunable search's
+        proposals, at least :data:`SAMPLE_MIN`.
         """
         N = problem.N
-        s = max(SAMPLE_MIN, int(EXPLORE_FRACTION * max(max_iters, 1) * N / (2 * (n_explore + 1))))
+        s = max(
+            SAMPLE_MIN, int(EXPLORE_FRACTION * max(max_iters, 1) * N / (2 * (n_explore + 1) + _plan.TUNE_PROPOSALS))
+        )
         return N if 4 * s > N else s
 
     def explore_allowance(self, problem: Problem, max_iters: int, seconds_per_event: float) -> float:

@@ -7,13 +7,15 @@ exploration budget) and ``asp-gmm tune --search NAME`` asks it outside them.
 
 Protocol (:class:`Strategy`)::
 
-    propose(space, start, measured, limit) -> list of dict
+    propose(space, start, measured, limit, prior=None) -> list of dict
 
 * ``space``: {tunable name: [values]} as the manifest declares them (first value = default);
 * ``start``: the combination to start from (the defaults the limits allow);
 * ``measured``: {canonical tuple of (name, value) pairs: seconds per event}, the class's timings
   of this variant (the strategy treats missing combinations as unmeasured);
-* ``limit``: the most combinations to return.
+* ``limit``: the most combinations to return;
+* ``prior``: optional {canonical tuple: predicted ln(time / best time)} for unmeasured
+  combinations (the cost model, measured neighbours): proposals are ordered by expected gain.
 
 It returns the combinations to measure next, most promising first; an empty list means the
 search has converged (nothing left that the strategy would try). Strategies must be

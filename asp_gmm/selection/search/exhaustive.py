@@ -12,9 +12,11 @@ from . import all_combinations, key
 class Exhaustive:
     name = "exhaustive"
 
-    def propose(self, space: dict, start: dict, measured: dict, limit: int) -> list:
+    def propose(self, space: dict, start: dict, measured: dict, limit: int, prior: dict | None = None) -> list:
         out = []
-        for combo in [dict(start)] + list(all_combinations(space)):
+        prior = prior or {}
+        rest = sorted(all_combinations(space), key=lambda c: prior.get(key(c), 0.0))  # stable: manifest order
+        for combo in [dict(start)] + rest:
             if key(combo) not in measured and combo not in out:
                 out.append(combo)
                 if len(out) >= limit:
