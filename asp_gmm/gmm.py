@@ -387,6 +387,28 @@ def prepare(
     return spec.prepare_many([Problem(int(N), int(D), int(m), cvtype, dt) for m in Ms])
 
 
+def merged_model(gmm1: GMM, gmm2: GMM, n1: float, n2: float) -> GMM:
+    """The untrained merge of two models of the same D and cvtype: their M1 + M2 components, the
+    weights scaled by each model's share of the data (``n1``, ``n2`` events), a tied matrix pooled
+    by those shares. What :func:`compute_distance_BIC` and its batched form train."""
+    w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
+    if gmm1.cvtype == "tied":  # one shared matrix: the two models' matrices weighted by their data
+        covars = (gmm1.covars.astype(np.float64) * n1 + gmm2.covars.astype(np.float64) * n2) / (n1 + n2)
+    else:
+        covars = np.concatenate([gmm1.covars, gmm2.covars])
+    return GMM(
+        gmm1.M + gmm2.M,
+        gmm1.D,
+        means=np.concatenate([gmm1.means, gmm2.means]),
+        covars=covars,
+        weights=w / w.sum(),
+        cvtype=gmm1.cvtype,
+        dtype=gmm1.dtype,
+        reg_covar=gmm1.reg_covar,
+        backend=gmm1.backend,
+    )
+
+
 def compute_distance_BIC(
     gmm1: GMM,
     gmm2: GMM,
@@ -446,21 +468,6 @@ def compute_distance_BIC(
         else:
             parts.append((g.loglik, g.n_events))
     (l1, n1), (l2, n2) = parts
-    w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
-    if gmm1.cvtype == "tied":  # one shared matrix: the two models' matrices weighted by their data
-        covars = (gmm1.covars.astype(np.float64) * n1 + gmm2.covars.astype(np.float64) * n2) / (n1 + n2)
-    else:
-        covars = np.concatenate([gmm1.covars, gmm2.covars])
-    merged = GMM(
-        gmm1.M + gmm2.M,
-        gmm1.D,
-        means=np.concatenate([gmm1.means, gmm2.means]),
-        covars=covars,
-        weights=w / w.sum(),
-        cvtype=gmm1.cvtype,
-        dtype=gmm1.dtype,
-        reg_covar=gmm1.reg_covar,
-        backend=gmm1.backend,
-    )
+    merged = merged_model(gmm1, gmm2, n1, n2)
     ll = merged.train(X, min_em_iters=min_em_iters, max_em_iters=max_em_iters, tol=tol)
     return merged, ll - l1 - l2

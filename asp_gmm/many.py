@@ -24,7 +24,7 @@ from . import cuda_arrays, streaming
 from .batch_driver import BatchSpecializer
 from .errors import BatchMemberError
 from .fit.data import Data
-from .gmm import GMM, check_data
+from .gmm import GMM, check_data, merged_model
 
 __all__ = ["train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
 
@@ -335,20 +335,4 @@ def _merged(gmm1: GMM, gmm2: GMM, b: int) -> GMM:
     for name, g in (("gmm1", gmm1), ("gmm2", gmm2)):
         if g.loglik is None:
             raise ValueError(f"pair {b}: {name} has not been trained; train it first")
-    n1, n2 = gmm1.n_events, gmm2.n_events
-    w = np.concatenate([gmm1.weights.astype(np.float64) * n1, gmm2.weights.astype(np.float64) * n2])
-    if gmm1.cvtype == "tied":  # one shared matrix, as compute_distance_BIC merges it
-        covars = (gmm1.covars.astype(np.float64) * n1 + gmm2.covars.astype(np.float64) * n2) / (n1 + n2)
-    else:
-        covars = np.concatenate([gmm1.covars, gmm2.covars])
-    return GMM(
-        gmm1.M + gmm2.M,
-        gmm1.D,
-        means=np.concatenate([gmm1.means, gmm2.means]),
-        covars=covars,
-        weights=w / w.sum(),
-        cvtype=gmm1.cvtype,
-        dtype=gmm1.dtype,
-        reg_covar=gmm1.reg_covar,
-        backend=gmm1.backend,
-    )
+    return merged_model(gmm1, gmm2, gmm1.n_events, gmm2.n_events)
