@@ -43,7 +43,12 @@ def test_version_comes_from_the_package_metadata():
 
     import asp_gmm
 
-    assert asp_gmm.__version__ == metadata.version("asp_gmm")
+    try:
+        installed = metadata.version("asp_gmm")
+    except metadata.PackageNotFoundError:  # run from a checkout on PYTHONPATH (as on the GPU machine)
+        assert asp_gmm.__version__ == "0+unknown"
+        pytest.skip("asp_gmm is not installed here (run from the checkout): no metadata to compare")
+    assert asp_gmm.__version__ == installed
     cfg = (ROOT / "setup.cfg").read_text()
     assert f"\nversion = {asp_gmm.__version__}\n" in cfg
     r = subprocess.run([sys.executable, "-m", "asp_gmm.cli", "--version"], capture_output=True, text=True, timeout=120)
