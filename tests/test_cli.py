@@ -24,6 +24,10 @@ def db(tmp_path, monkeypatch):
 
 
 def test_console_script_is_declared():
+    try:
+        metadata.version("asp_gmm")
+    except metadata.PackageNotFoundError:  # run from a checkout on PYTHONPATH (as on the GPU machine)
+        pytest.skip("asp_gmm is not installed here (run from the checkout): no entry points to read")
     eps = [e for e in metadata.entry_points(group="console_scripts") if e.name == "asp-gmm"]
     assert eps and eps[0].value == "asp_gmm.cli:main"
 
