@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import cuda_arrays
-from ..backends.cuda.stream import _INT_MAX, CudaStatsRunner
+from ..backends.cuda.stream import CudaStatsRunner
 from ..errors import NonFiniteInputError, StreamError
 
 
@@ -51,52 +51,12 @@ class ResidentCudaRunner(CudaStatsRunner):
         pending = None
         with self.session.dev.active():
             for k, (ptr, n) in enumerate(pieces):
-                self._submit_resident(k, int(ptr), int(n))
+                self._sum_block(k, int(ptr), int(n))  # rows read where they lie
                 if pending is not None:
                     yield self._collect(*pending)
                 pending = (k, n)
             if pending is not None:
                 yield self._collect(*pending)
-
-    def _submit_resident(self, k: int, ptr: int, n: int) -> None:
-        # the compute half of CudaStatsRunner._submit, reading the rows from their resident copy
-        ses, drv = self.session, self.drv
-        b, s = ses.buf, k % 2
-        self._set_rows(n)
-        D, ldn = self.problem.D, b.ldn
-        drv.memset_d32_async(self.flag[s], _INT_MAX, 1, b.stream)
-        ses._launch(
-            "asp_upload_chunk",
-            ses._fn["asp_upload_chunk"],
-            (-(-D * ldn // 256), 1),
-            (256, 1, 1),
-            ptr,
-            int(ses.xt),
-            np.int32(0),
-            np.int32(n),
-            np.int32(ldn),
-            np.int32(ldn),
-            int(self.flag[s]),
-        )
-        drv.memcpy_dtoh_async(self.res_flag[s], self.flag[s], b.stream)
-        mod = self.mod
-        ses._reset()
-        if mod.fused:
-            ses._variant_phase(mod, "estep")
-        else:
-            ses._estep_launch()
-        drv.memcpy_dtoh_async(self.res_stat[s], b.stat, b.stream)
-        if mod.fused:
-            ses._variant_phase(mod, "means")
-        else:
-            ses._means(self.cells if mod.zero_acc else 0)
-        ses._variant_phase(mod, "covariance")
-        drv.memcpy_dtoh_async(self.res_nk[s], b.nk, b.stream)
-        drv.memcpy_dtoh_async(self.res_mu[s], b.ptr("mu64"), b.stream)
-        drv.memcpy_dtoh_async(self.res_acc[s], b.acc, b.stream)
-        drv.memcpy_dtod_async(b.params, b.backup, b.param_bytes, b.stream)
-        self.done[s].record(b.stream)
-        ses._launched.clear()
 
 
 def device_block(X, dtype):

@@ -125,6 +125,14 @@ class CudaStatsRunner(StatsRunner):
         drv.memcpy_htod_async(self.raw[s], self.pinned[s][:n], self.copy_stream)
         self.copied[s].record(self.copy_stream)
         b.stream.wait_for_event(self.copied[s])
+        self._sum_block(k, int(self.raw[s]), n, self.consumed[s])
+
+    def _sum_block(self, k: int, ptr: int, n: int, consumed=None) -> None:
+        """On the compute stream: transpose the n rows at device pointer ``ptr`` into the session's
+        event array (NaN/inf flagged; ``consumed`` recorded once they are read), then the E-step, the
+        M-step sums and the covariance variant, their results copied to block k's host buffers."""
+        ses, drv = self.session, self.drv
+        b, s = ses.buf, k % 2
         self._set_rows(n)
         D, ldn = self.problem.D, b.ldn
         drv.memset_d32_async(self.flag[s], _INT_MAX, 1, b.stream)
@@ -133,7 +141,7 @@ class CudaStatsRunner(StatsRunner):
             ses._fn["asp_upload_chunk"],
             (-(-D * ldn // 256), 1),
             (256, 1, 1),
-            int(self.raw[s]),
+            ptr,
             int(ses.xt),
             np.int32(0),
             np.int32(n),
@@ -141,7 +149,8 @@ class CudaStatsRunner(StatsRunner):
             np.int32(ldn),
             int(self.flag[s]),
         )
-        self.consumed[s].record(b.stream)
+        if consumed is not None:
+            consumed.record(b.stream)
         drv.memcpy_dtoh_async(self.res_flag[s], self.flag[s], b.stream)
         mod = self.mod
         ses._reset()
