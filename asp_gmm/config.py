@@ -23,6 +23,12 @@ SETTINGS = {
     "ASP_GMM_CACHE_TRUST": ("none", "users (names or uids) besides you and root whose cache files may be loaded"),
     "ASP_GMM_DB": ("SQLite file in the user data dir", "SQLAlchemy URL (or file path) of the tuning history"),
     "ASP_GMM_AUTOTUNE": ("on", "`0`/`false`/`no`/`off` turns exploring and recording off"),
+    "ASP_GMM_DETERMINISTIC": (
+        "off",
+        "`1`: repeated calls on the C and NumPy backends give bitwise-identical results (the fixed rule "
+        "picks every variant: no history, no exploring, no stand-in while a variant compiles); CUDA's "
+        "atomic sums still agree to rounding only",
+    ),
     "ASP_GMM_CC": ("`$CC`, else `gcc`", "C compiler command (may carry flags)"),
     "ASP_GMM_NUM_THREADS": ("`$OMP_NUM_THREADS`, else all cores", "CPU threads for large problems"),
     "ASP_GMM_NVCC": ("nvcc on PATH, else /usr/local/cuda/bin/nvcc", "nvcc command (may carry flags)"),
@@ -59,6 +65,7 @@ class Settings:
     cache_trust: str = ""
     db: str = ""
     autotune: bool = True
+    deterministic: bool = False
     cc: str = ""
     num_threads: str = ""
     nvcc: str = ""
@@ -90,6 +97,7 @@ class Settings:
             cache_trust=get("ASP_GMM_CACHE_TRUST"),
             db=get("ASP_GMM_DB"),
             autotune=get("ASP_GMM_AUTOTUNE").lower() not in _FALSE,
+            deterministic=get("ASP_GMM_DETERMINISTIC").lower() not in ("",) + _FALSE,
             cc=get("ASP_GMM_CC"),
             num_threads=get("ASP_GMM_NUM_THREADS"),
             nvcc=get("ASP_GMM_NVCC"),
@@ -166,6 +174,7 @@ _NAMES = (
     "ASP_GMM_CACHE_TRUST",
     "ASP_GMM_DB",
     "ASP_GMM_AUTOTUNE",
+    "ASP_GMM_DETERMINISTIC",
     "ASP_GMM_CC",
     "ASP_GMM_NUM_THREADS",
     "ASP_GMM_NVCC",

@@ -98,8 +98,16 @@ TUNE_PROPOSALS = 8
 
 
 def autotune_enabled() -> bool:
-    """``ASP_GMM_AUTOTUNE=0`` turns measuring and exploring off."""
-    return settings().autotune
+    """``ASP_GMM_AUTOTUNE=0`` (or ``ASP_GMM_DETERMINISTIC=1``) turns measuring and exploring off."""
+    s = settings()
+    return s.autotune and not s.deterministic
+
+
+def deterministic() -> bool:
+    """``ASP_GMM_DETERMINISTIC=1``: every choice by the fixed rule, so that a call repeated on the
+    same data gives bitwise the same result (what history, exploring and a stand-in variant while
+    the planned one compiles would change by rounding)."""
+    return settings().deterministic
 
 
 class Selector:

@@ -72,7 +72,8 @@ class Policy:
     def choose(self, backend, problem: Problem, candidates: list, pinned: bool = False, tuning: bool = True) -> Plan:
         """The plan for ``problem`` among ``candidates`` (configurations whose limits allow it).
 
-        With ``tuning`` off nothing is explored. On a backend with shape-specific binaries, a
+        With ``tuning`` off nothing is explored; under ``ASP_GMM_DETERMINISTIC=1`` the fixed rule
+        alone decides (:func:`asp_gmm.selection.plan.deterministic`). On a backend with shape-specific binaries, a
         problem smaller than :attr:`explore_compile_work` explores only what is already compiled
         and runs a compiled candidate rather than compile the planned one (a compile costs more
         than a small problem can win back; larger problems and ``asp-gmm tune`` fill in).
@@ -81,6 +82,10 @@ class Policy:
         planned configuration not compiled yet is compiled in the background while the call runs
         on a compiled candidate (``primary_in_background``).
         """
+        if _plan.deterministic():
+            # the fixed rule, compiled before the call if need be: nothing that depends on the
+            # history, on timings or on what happens to be compiled changes the arithmetic
+            return RuleSelector().plan(backend, problem, candidates, pinned=pinned)
         plan = self.selector.plan(backend, problem, candidates, pinned=pinned)
         explore = list(plan.explore) if tuning else []
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
@@ -168,7 +173,7 @@ class Policy:
             )
         if pinned:
             return usable[0][0], usable[0][1][0]
-        measured = self._estep_measured(backend, problem, usable)
+        measured = None if _plan.deterministic() else self._estep_measured(backend, problem, usable)
         if measured is not None:
             return measured
         rank = {n: i for i, n in enumerate(self.estep_preference.get(backend.name, []))}
