@@ -116,6 +116,12 @@ def build_parser():
         default=1.0,
         help="GMM detector: speech where the smoothed speech/non-speech log-likelihood ratio exceeds this",
     )
+    s.add_argument(
+        "--sad-level",
+        default="band",
+        choices=["band", "full"],
+        help="the level the detectors start from: the speech band's (300-3400 Hz) or the whole spectrum's",
+    )
     g = ap.add_argument_group("clustering")
     g.add_argument(
         "--first-cep",
@@ -393,10 +399,13 @@ def diarize(audio_path, args, log=print, on_round=None):
     feats = compute_features(x, sr)
     t_feat = time.perf_counter()
     if args.sad == "energy":
-        speech = sad.energy_speech(feats.log_energy, args.vad_threshold)
+        speech = sad.energy_speech(sad.speech_level(feats, args.sad_level), args.vad_threshold)
     else:
         speech, _ = sad.gmm_speech(
-            feats, lambda M, D: be.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0), bias=args.sad_bias
+            feats,
+            lambda M, D: be.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0),
+            bias=args.sad_bias,
+            level=args.sad_level,
         )
     feats.speech = speech
     t_sad = time.perf_counter()

@@ -5,6 +5,8 @@ Frames: 25 ms Hamming window, 10 ms hop (100 frames/s), frame ``i`` centred on `
 * ``Features.cep``: cepstra c0..c19 of a 40-band log-mel spectrum (20 Hz - 8 kHz, HTK-style
   triangular filters on the mel scale, DCT-II), float32. c0 is the frame's log level.
 * ``Features.log_energy``: frame log-energy in dB.
+* ``Features.band_energy``: frame log-energy of the speech band (300-3400 Hz) in dB: the speech
+  detector's level, deaf to the low-frequency breath pops and bumps of headset microphones.
 * Helpers for what the stages build from them: ``deltas`` (regression over +-2 frames),
   ``cmvn`` (mean/variance normalisation over a mask), ``sliding_cmn`` (short-time mean removal).
 """
@@ -18,6 +20,7 @@ import numpy as np
 
 FRAME_RATE = 100  # frames per second (10 ms hop)
 N_FEATURES = 20  # columns of Features.mfcc (c0..c19)
+SPEECH_BAND = (300.0, 3400.0)  # Hz: Features.band_energy
 
 
 class DiarizationError(Exception):
@@ -31,6 +34,7 @@ class Features:
     duration: float  # seconds of audio
     frame_rate: int = FRAME_RATE
     speech: np.ndarray | None = None  # (T,) bool, set by the speech detector
+    band_energy: np.ndarray | None = None  # (T,) float32, dB in SPEECH_BAND
 
     @property
     def mfcc(self) -> np.ndarray:
@@ -162,6 +166,8 @@ def compute_features(
     frames = np.lib.stride_tricks.as_strided(xp, (T, n_fft), (xp.strides[0] * hop_len, xp.strides[0]), writeable=False)
     cep = np.empty((T, n_cep), np.float32)
     log_energy = np.empty(T, np.float32)
+    band_energy = np.empty(T, np.float32)
+    b0, b1 = (min(n_fft // 2 + 1, int(np.ceil(f * n_fft / sr))) for f in SPEECH_BAND)
     jobs = n_jobs or default_jobs()
     for start in range(0, T, chunk):
         stop = min(T, start + chunk)
@@ -169,9 +175,10 @@ def compute_features(
         power = spec.real**2
         power += spec.imag**2
         log_energy[start:stop] = 10.0 * np.log10(power.sum(axis=1) + 1e-10)
+        band_energy[start:stop] = 10.0 * np.log10(power[:, b0:b1].sum(axis=1) + 1e-10)
         log_mel = np.log(power @ mel_t + 1e-8)
         cep[start:stop] = log_mel @ dct
-    return Features(cep, log_energy, len(x) / sr)
+    return Features(cep, log_energy, len(x) / sr, band_energy=band_energy)
 
 
 def deltas(x: np.ndarray, width: int = 2) -> np.ndarray:
