@@ -260,6 +260,11 @@ def rule_grid(a):
             continue
         for t, c, m in itertools.product(values, cos, small):
             grid.append(((key, t, c, m / 100), lambda tr, th={key: t}, c=c, m=m: _stop(tr, th, c, m)))
+    if "rel+pf" in wanted:  # the relative gain with a floor on the gain per frame
+        for t, u, c, m in itertools.product(rel, pf, cos, small):
+            grid.append(
+                (("rel+pf", (t, u), c, m / 100), lambda tr, th={"rel": t, "pf": u}, c=c, m=m: _stop(tr, th, c, m))
+            )
     if "pf+clr256" in wanted:
         for t, u, c, m in itertools.product(pf, clr, cos, small):
             grid.append(
@@ -300,7 +305,8 @@ def main(argv=None) -> int:
         "--families",
         default="rel,pf,clr256",
         help="stopping rules to choose from: rel (relative gain), pf (gain per frame), clr16, clr64, clr256 "
-        "(CLR per frame, MAP relevance 16/64/256), pf+clr256; each with the cosine check",
+        "(CLR per frame, MAP relevance 16/64/256), pf+clr256, rel+pf (the relative gain or the gain per frame under "
+        "its threshold); each with the cosine check",
     )
     ap.add_argument("--relative", default="0.3,0.4,0.45,0.49,0.55,0.6,0.7")
     ap.add_argument("--per-frame", default="-0.3,-0.25,-0.2,-0.15,-0.1,-0.05,0.0,0.05,0.1")

@@ -120,7 +120,7 @@ def build_parser():
         "--sad-level",
         default="band",
         choices=["band", "full"],
-        help="the level the detectors start from: the speech band's (300-3400 Hz) or the whole spectrum's",
+        help="the level the detectors start from: the speech band's (200 Hz - 8 kHz) or the whole spectrum's",
     )
     g = ap.add_argument_group("clustering")
     g.add_argument(
