@@ -232,6 +232,112 @@ def test_gmm_speech_finds_the_bursts():
     assert on[:60].sum() == 0 and on[160:215].sum() == 0 and on[-60:].sum() == 0
 
 
+# ----------------------------------------------------------------- speech detector (sad.py)
+SR = 16000
+
+
+def _voiced(duration, f0, rng, sr=SR):
+    """A speech-like burst: a harmonic complex (f0 gliding by 25 %, harmonics up to 4 kHz with a
+    falling spectrum and two formant-like peaks) under a syllable-rate (4 Hz) envelope."""
+    t = np.arange(int(duration * sr)) / sr
+    phase = 2 * np.pi * np.cumsum(f0 * (1 + 0.25 * t / duration)) / sr
+    x = np.zeros_like(t)
+    for k in range(1, int(4000 / f0)):
+        formants = 1 + 2 * np.exp(-(((k * f0 - 600) / 200) ** 2)) + np.exp(-(((k * f0 - 1700) / 300) ** 2))
+        x += formants / k * np.sin(k * phase + rng.uniform(0, 2 * np.pi))
+    edge = np.minimum(1.0, np.minimum(t, duration - t) / 0.05)  # 50 ms ramps
+    env = edge * (0.75 + 0.25 * np.sin(2 * np.pi * 4 * t))
+    return env * x / np.abs(x).max()
+
+
+def _thump(duration, rng, sr=SR):
+    """A headset breath pop or bump: loud, and below 200 Hz (an 80 Hz tone and low-passed noise)."""
+    n = int(duration * sr)
+    t = np.arange(n) / sr
+    low = np.convolve(rng.standard_normal(n), np.hanning(161) / 80.0, mode="same")  # ~100 Hz low-pass
+    return np.hanning(n) * (np.sin(2 * np.pi * 80 * t) + low)
+
+
+def _scene(rng, speech=True, thumps=True, snr_db=15.0):
+    """8 s of white noise with speech-like bursts at 0.5, 2.5, 4.5 and 6.5 s (1.2 s each) and
+    low-frequency thumps at 1.9, 3.9 and 5.9 s (0.3 s, as loud as the bursts' peaks). Returns the
+    features and the frame masks (100 frames/s) of the bursts' and the thumps' central parts."""
+    x = np.zeros(8 * SR)
+    T = 1 + len(x) // 160  # frames of features.compute_features (centred, 10 ms)
+    burst, thump = np.zeros(T, bool), np.zeros(T, bool)
+    if speech:
+        for start, f0 in ((0.5, 120.0), (2.5, 200.0), (4.5, 150.0), (6.5, 240.0)):
+            i = int(start * SR)
+            x[i : i + int(1.2 * SR)] += _voiced(1.2, f0, rng)
+            burst[int(start * 100) + 15 : int(start * 100) + 105] = True
+    if thumps:
+        for start in (1.9, 3.9, 5.9):
+            i = int(start * SR)
+            x[i : i + int(0.3 * SR)] += _thump(0.3, rng)
+            thump[int(start * 100) + 8 : int(start * 100) + 22] = True
+    noise_rms = 0.3 * 10 ** (-snr_db / 20)  # the bursts' RMS is about 0.3
+    x = 0.1 * (x + noise_rms * rng.standard_normal(len(x)))
+    f = features.compute_features(x.astype(np.float32), SR)
+    assert len(f.log_energy) == T
+    return f, burst, thump
+
+
+def _sad_factory(M, D):
+    return sklearn_gmm.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0)
+
+
+def test_band_energy_is_deaf_below_200_hz():
+    """Features.band_energy holds the level of features.SPEECH_BAND only: an 80 Hz tone raises the
+    whole spectrum's level by tens of dB and the band's by little; a 1 kHz tone raises both."""
+    t = np.arange(SR) / SR
+    rng = np.random.default_rng(0)
+    floor = 1e-3 * rng.standard_normal(SR)
+    quiet = features.compute_features(floor.astype(np.float32), SR)
+    low = features.compute_features((floor + 0.3 * np.sin(2 * np.pi * 80 * t)).astype(np.float32), SR)
+    mid = features.compute_features((floor + 0.3 * np.sin(2 * np.pi * 1000 * t)).astype(np.float32), SR)
+    mid_, low_, quiet_ = (np.median(f.band_energy[10:-10]) for f in (mid, low, quiet))
+    assert np.median(low.log_energy[10:-10]) - np.median(quiet.log_energy[10:-10]) > 40
+    assert low_ - quiet_ < 20  # the window's leakage only
+    assert mid_ - quiet_ > 40
+    assert mid.band_energy.dtype == np.float32 and len(mid.band_energy) == len(mid.log_energy)
+
+
+def test_speech_detector_finds_voiced_bursts_in_noise_and_not_the_thumps():
+    """Speech-like bursts in white noise (15 dB SNR) are speech, the noise between them and the
+    low-frequency thumps are not; the whole spectrum's level (the former detector) takes the
+    thumps for speech, so the test can fail."""
+    f, burst, thump = _scene(np.random.default_rng(3))
+    mask, info = sad.gmm_speech(f, _sad_factory)
+    assert info["boot_speech"] > 0
+    assert mask[burst].mean() > 0.95, mask[burst].mean()
+    assert mask[thump].mean() < 0.05, mask[thump].mean()
+    assert mask[~(burst | thump)].mean() < 0.2
+    full, _ = sad.gmm_speech(f, _sad_factory, level="full")
+    assert full[thump].mean() > 0.5, full[thump].mean()  # the bias the band level removes
+
+
+@pytest.mark.parametrize("thumps", [False, True])
+def test_speech_detector_marks_no_noise_as_speech(thumps):
+    """White noise alone, with or without low-frequency thumps 30 dB above it, holds no speech:
+    the band's level is flat (under min_range_db) and the detector returns no frame."""
+    for seed in range(3):
+        f, _, _ = _scene(np.random.default_rng(seed), speech=False, thumps=thumps)
+        mask, info = sad.gmm_speech(f, _sad_factory)
+        assert not mask.any(), (seed, mask.mean(), info)
+        assert not sad.energy_speech(sad.speech_level(f, "band")).any()
+    if thumps:  # the whole spectrum's level sees the thumps
+        assert sad.energy_speech(sad.speech_level(f, "full")).any()
+
+
+def test_speech_level_rejects_unknown_levels():
+    f, _, _ = _scene(np.random.default_rng(0))
+    with pytest.raises(ValueError, match="'band' or 'full'"):
+        sad.speech_level(f, "loud")
+    f.band_energy = None
+    with pytest.raises(ValueError, match="band_energy"):
+        sad.gmm_speech(f, _sad_factory)
+
+
 def test_viterbi_resegmentation():
     rng = np.random.default_rng(0)
     truth = np.r_[np.zeros(300, int), np.ones(400, int), np.zeros(300, int)]
