@@ -209,7 +209,14 @@ def _speech_errors(ref, mask):
     "name,start,stop,max_missed,max_fa",
     [
         ("libri_4spk_room", 0, 40, 3.0, 1.0),  # reverberant room, pink noise at 15 dB SNR
-        ("ami_trn00", 0, 30, 12.0, 20.0),  # AMI headset mix: quiet speech, breath, laughter
+        # AMI headset mix: quiet speech, breath, laughter; the speech band's level (sad.py) misses
+        # more quiet speech than the whole spectrum's did (16.4 % instead of 9.1 %) and takes no
+        # breath for speech (0.0 % false alarm instead of 7.2 %)
+        ("ami_trn00", 0, 30, 20.0, 3.0),
+        # ami_tst: its second half holds 6 s of annotated speech and 14 s of loud breath and
+        # bumps below 200 Hz; the whole spectrum's level took them for speech (missed 9.6 %, false
+        # alarm 44.7 %), the speech band's takes fewer (17.3 %, 18.1 %)
+        ("ami_tst", 0, 60, 25.0, 25.0),
     ],
 )
 def test_speech_detector_on_real_clips(tmp_path, name, start, stop, max_missed, max_fa):

@@ -170,7 +170,7 @@ def build_parser():
     g.add_argument(
         "--relative-threshold",
         type=float,
-        default=0.55,
+        default=0.49,
         help="relative rule: 0 = a typical pair of two speakers' fragments, 1 = of one "
         "speaker's (first merge round); chosen on the development recordings",
     )
@@ -203,6 +203,12 @@ def build_parser():
     )
     g.add_argument("--relevance", type=float, default=16.0, help="MAP relevance factor of the cluster supervectors")
     g.add_argument("--merge-threshold", type=float, default=-0.15, help="per-frame rule: nats per frame")
+    g.add_argument(
+        "--min-gain-per-frame",
+        type=float,
+        default=-0.25,
+        help="relative rule: also stop when the best pair's gain per frame is under this (nats)",
+    )
     g.add_argument(
         "--pre-iters", type=int, default=5, help="EM iterations of every cluster model before the pairs are scored"
     )
@@ -356,6 +362,7 @@ def params_from_args(args):
         merge_rule=args.merge_rule,
         relative_threshold=args.relative_threshold,
         merge_threshold=args.merge_threshold,
+        min_gain_per_frame=args.min_gain_per_frame,
         pre_iters=args.pre_iters,
         bic_iters=args.bic_iters,
         n_speakers=max(0, args.speakers),
