@@ -67,6 +67,12 @@ class Variant:
         """Stable identifier: backend/name."""
         return f"{self.backend}/{self.name}"
 
+    @property
+    def takes_weights(self) -> bool:
+        """Whether a weighted fit can run this variant on a backend whose kernels take sample weights
+        (its manifest's ``sample_weight``, default true)."""
+        return bool(self.extra.get("sample_weight", True))
+
     def default_tunables(self) -> dict:
         return {k: v[0] for k, v in self.tunables.items()}
 
@@ -275,6 +281,12 @@ MANIFEST_KEYS = {
     "scratch": Key((str, int), "bytes of scratch memory (CUDA), an expression", True),
     "zero_acc": Key((bool,), "the accumulator is zeroed before the launches (CUDA)", True),
     "estep_moments": Key((bool,), "the E-step also returns the moments the M-step needs (C diag)", True),
+    "sample_weight": Key(
+        (bool,),
+        "false: the variant cannot take sample weights (a CUDA variant whose own E-step fuses the M-step sums); "
+        "a weighted fit chooses among the others (default true)",
+        True,
+    ),
     "selectable": Key(
         (bool, str),
         "false: never chosen by the selection (pinned or tested only); an expression: offered to the selection "
