@@ -57,8 +57,8 @@ class _Spec:
     """What :func:`asp_gmm.fit.passes.plan` asks of a specializer: candidates, a policy that takes
     the first, and kernels."""
 
-    def __init__(self, backend):
-        self.backend = backend
+    def __init__(self, be):
+        self.backend = be
         self.policy = types.SimpleNamespace(
             choose=lambda be, p, cands, pinned, tuning: types.SimpleNamespace(primary=cands[0], reason="rule")
         )
