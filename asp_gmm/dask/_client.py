@@ -477,22 +477,26 @@ def _em(
         if iters >= min_iters and abs(change) < tol:
             converged = True
             break
+    first = co.summaries[0] if co.summaries else {}
     return DaskFitResult(
-        w,
-        mu,
-        cv,
-        ll,
-        iters,
-        converged,
-        N,
-        trace,
-        secs,
-        time.perf_counter() - t_start,
+        weights=w,
+        means=mu,
+        covars=cv,
+        loglik=ll,
+        iters=iters,
+        converged=converged,
+        variant=str(first.get("variant") or ""),
+        explored=[],
+        reason=str(first.get("reason") or ""),
+        seconds=time.perf_counter() - t_start,
+        loglik_trace=trace,
+        n_events=N,
+        weight_sum=total if wsum is not None else 0.0,
+        pass_seconds=secs,
         workers=len(co.loops),
         restarts=co.restarts,
         loads=co.loads,
         weight_total=total,
-        variant=str(co.summaries[0].get("variant") or "") if co.summaries else "",
         compute_seconds=compute,
     )
 
