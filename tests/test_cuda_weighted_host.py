@@ -96,6 +96,12 @@ def test_only_an_in_memory_array_within_the_budget_stays_on_the_device(tmp_path,
     assert not passes._resident(spec, CallableSource(lambda: iter([X])), p)
     monkeypatch.setenv("ASP_GMM_DEVICE_BUDGET", "1000")  # bytes: the session would not fit
     assert not passes._resident(spec, ArraySource(X), p)
+    # the session (1000 x (4 + 3 + 1) float32) fits, not with a copy of the rows and weights besides
+    monkeypatch.setenv("ASP_GMM_DEVICE_BUDGET", "40000")
+    assert spec.backend.session_bytes(Problem(1000, 4, 3, "full", "float32")) == 32000
+    assert not passes._resident(spec, ArraySource(X), p)
+    monkeypatch.setenv("ASP_GMM_DEVICE_BUDGET", "56000")
+    assert passes._resident(spec, ArraySource(X), p)
 
 
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found (CUDA toolkit)")

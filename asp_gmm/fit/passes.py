@@ -132,13 +132,19 @@ def _open_runner(spec, sp: StreamPlan, sample_weight, resident: bool = False):
 def _resident(spec, source: ChunkSource, problem: Problem) -> bool:
     """Whether the rows of a weighted fit may stay on the device between passes: they are an
     in-memory NumPy array (not a memmap, not a callable: the same rows every pass, unchanged during
-    the fit) whose in-memory session fits the device budget."""
-    from .sources import wants_stream
+    the fit) and a session of all of them plus a copy of the rows and their weights fits the device
+    budget (:func:`asp_gmm.fit.sources.device_budget`; small data: without asking the device)."""
+    from . import sources
 
     X = getattr(source, "X", None) if isinstance(source, ArraySource) else None
     if not isinstance(X, np.ndarray) or isinstance(X, np.memmap):
         return False
-    return not wants_stream(X, spec.backend, dataclasses.replace(problem, N=source.n_rows))
+    p = dataclasses.replace(problem, N=source.n_rows)
+    need = spec.backend.session_bytes(p) + p.N * (p.D * p.np_dtype.itemsize + 8)
+    if need <= sources._NEVER_STREAM_BYTES and sources._bytes_setting("ASP_GMM_DEVICE_BUDGET", None) is None:
+        return True
+    budget = sources.device_budget(spec.backend)
+    return budget is None or need <= budget
 
 
 def pass_stats(
