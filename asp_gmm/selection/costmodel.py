@@ -73,8 +73,18 @@ class CostModel:
         return sorted((p, k) for p, k in out if p is not None)
 
 
-def _within(times: dict, choice, tolerance: float) -> bool:
-    return choice is not None and times.get(choice, math.inf) <= (1 + tolerance) * min(times.values())
+def _accuracy(classes: dict, choose, tolerance: float) -> tuple:
+    """``(fraction, judged)``: over the classes with at least two configurations, how often
+    ``choose(index, coords, times)`` names one within ``1 + tolerance`` of the class's best."""
+    good = total = 0
+    for i, (coords, times) in enumerate(classes.items()):
+        if len(times) < 2:
+            continue
+        total += 1
+        choice = choose(i, coords, times)
+        if choice is not None and times.get(choice, math.inf) <= (1 + tolerance) * min(times.values()):
+            good += 1
+    return (good / total if total else 0.0), total
 
 
 def loo_model_accuracy(classes: dict, tolerance: float = 0.05) -> tuple:
@@ -96,12 +106,8 @@ def loo_model_accuracy(classes: dict, tolerance: float = 0.05) -> tuple:
             got[0].append(i)
             got[1].append(math.log(t))
     rows = {k: (np.array(ix), np.array(y)) for k, (ix, y) in rows.items()}
-    good = total = 0
-    for i, c in enumerate(coords):
-        times = classes[c]
-        if len(times) < 2:
-            continue
-        total += 1
+
+    def choose(i, _coords, times):
         ranked = []
         for k in times:
             ix, y = rows[k]
@@ -115,10 +121,9 @@ def loo_model_accuracy(classes: dict, tolerance: float = 0.05) -> tuple:
             ym = yk.mean()
             coef = np.linalg.solve(Z.T @ Z + RIDGE * len(yk) * np.eye(Z.shape[1]), Z.T @ (yk - ym))
             ranked.append((float(ym + ((F[i] - mu) / sd) @ coef), k))
-        ranked.sort()
-        if _within(times, ranked[0][1] if ranked else None, tolerance):
-            good += 1
-    return (good / total if total else 0.0), total
+        return min(ranked)[1] if ranked else None
+
+    return _accuracy(classes, choose, tolerance)
 
 
 def loo_nearest_accuracy(classes: dict, tolerance: float = 0.05, neighbours: int = 4, n_weight: float = 0.5) -> tuple:
@@ -127,37 +132,17 @@ def loo_nearest_accuracy(classes: dict, tolerance: float = 0.05, neighbours: int
     coords = list(classes)
     if not coords:
         return 0.0, 0
-    C = np.array(coords, float).reshape(-1, 3) * np.array([n_weight, 1.0, 1.0])
-    dist = np.sqrt(((C[:, None, :] - C[None, :, :]) ** 2).sum(axis=2))
     raw = np.array(coords, float).reshape(-1, 3)
-    good = total = 0
-    for i, c in enumerate(coords):
-        times = classes[c]
-        if len(times) < 2:
-            continue
-        total += 1
-        keys = set(times)
+    C = raw * np.array([n_weight, 1.0, 1.0])
+    dist = np.sqrt(((C[:, None, :] - C[None, :, :]) ** 2).sum(axis=2))
+
+    def choose(i, _coords, times):
         # nearest first, ties by the coordinates (as sorting (distance, coords) tuples does)
         order = np.lexsort((raw[:, 2], raw[:, 1], raw[:, 0], dist[i]))
-        score, weight, used = {}, {}, 0
-        for j in order:
-            if j == i:
-                continue
-            near = {k: t for k, t in classes[coords[j]].items() if k in keys}
-            if len(near) < 2:
-                continue
-            fastest = min(near.values())
-            w = 1.0 / (float(dist[i, j]) + 0.25)
-            for k, t in near.items():
-                score[k] = score.get(k, 0.0) + w * math.log(t / fastest)
-                weight[k] = weight.get(k, 0.0) + w
-            used += 1
-            if used >= neighbours:
-                break
-        choice = min(score, key=lambda k: (score[k] / weight[k], str(k))) if score else None
-        if _within(times, choice, tolerance):
-            good += 1
-    return (good / total if total else 0.0), total
+        near = ((float(dist[i, j]), classes[coords[j]]) for j in order if j != i)
+        return _nearest_vote(near, set(times), neighbours)
+
+    return _accuracy(classes, choose, tolerance)
 
 
 def loo_accuracy(classes: dict, predict, tolerance: float = 0.05) -> tuple:
@@ -177,16 +162,9 @@ def loo_accuracy(classes: dict, predict, tolerance: float = 0.05) -> tuple:
     -------
     (fraction within tolerance, number of classes judged)
     """
-    good = total = 0
-    for coords, times in classes.items():
-        if len(times) < 2:
-            continue
-        others = {c: t for c, t in classes.items() if c != coords}
-        choice = predict(others, coords, list(times))
-        total += 1
-        if choice is not None and times.get(choice, math.inf) <= (1 + tolerance) * min(times.values()):
-            good += 1
-    return (good / total if total else 0.0), total
+    return _accuracy(
+        classes, lambda _i, c, times: predict({o: t for o, t in classes.items() if o != c}, c, list(times)), tolerance
+    )
 
 
 def model_predictor(others: dict, coords, keys):
@@ -205,9 +183,17 @@ def nearest_predictor(others: dict, coords, keys, neighbours: int = 4, n_weight:
     here = np.array(coords, float)
     w_axes = np.array([n_weight, 1.0, 1.0])
     dist = sorted((float(np.sqrt((((np.array(c) - here) * w_axes) ** 2).sum())), c) for c in others)
+    return _nearest_vote(((d, others[c]) for d, c in dist), keys, neighbours)
+
+
+def _nearest_vote(near, keys, neighbours: int):
+    """The nearest rule's vote: ``near`` yields ``(distance, {config key: seconds per event})``
+    nearest first; the first ``neighbours`` classes with two or more of ``keys`` score each key by
+    ``ln(t / t_fastest)`` weighted ``1 / (distance + 0.25)``; the lowest mean score wins (ties by
+    name), None when no class votes."""
     score, weight, used = {}, {}, 0
-    for d, c in dist:
-        times = {k: t for k, t in others[c].items() if k in keys}
+    for d, measured in near:
+        times = {k: t for k, t in measured.items() if k in keys}
         if len(times) < 2:
             continue
         fastest = min(times.values())
