@@ -297,24 +297,27 @@ class _Coordinator:
         self.summaries = self._collect("ready", None)
         self.loads += sum(s["loads"] for s in self.summaries)
 
-    def _stop(self):
-        for _addr, fut, q in self.loops:
+    def _stop(self, wait_s: float = 0.0):
+        """Ask every loop to stop; with ``wait_s``, let them finish first (their ``finally`` closes
+        the resident stores: pinned and device buffers on CUDA workers) before their queues are
+        closed and what is still running is cancelled."""
+        loops, self.loops = self.loops, []
+        for _addr, fut, q in loops:
             with contextlib.suppress(Exception):
                 q.put(pack(("stop", -1, None)))
-        for _addr, fut, q in self.loops:
+        if wait_s > 0 and loops:
+            from distributed import wait
+
+            with contextlib.suppress(Exception), self.client.as_current():
+                wait([f for _a, f, _q in loops], timeout=wait_s)
+        for _addr, fut, q in loops:
             with contextlib.suppress(Exception):
                 q.close()
         with contextlib.suppress(Exception):
-            self.client.cancel([fut for _a, fut, _q in self.loops], force=True)
-        self.loops = []
+            self.client.cancel([fut for _a, fut, _q in loops if not fut.done()], force=True)
 
     def close(self):
-        loops = list(self.loops)
-        self._stop()
-        from distributed import wait
-
-        with contextlib.suppress(Exception), self.client.as_current():
-            wait([f for _a, f, _q in loops], timeout=10)
+        self._stop(wait_s=10)
         with contextlib.suppress(Exception):
             self.replies.put(pack(("__bye__", -1, -1)))
             self._reader.join(10)
