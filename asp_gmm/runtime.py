@@ -2,7 +2,9 @@
 
 What used to be module-level mutable state lives here: the default selector, the shared tuning
 histories (one per URL), the URLs found broken (warned once, then the fixed rule decides), the
-backend instances and the one-time warning about the slow NumPy fallback. One default instance is
+backend instances, the one-time warning about the slow NumPy fallback, the background and NVRTC
+compile pools, the finite-check memo and the registry's memo of what it derives from the
+declarations. One default instance is
 created lazily on first use (:func:`default_runtime`); tests and applications can make their own
 and install it (:func:`set_default_runtime`) or pass a selector or policy explicitly.
 
@@ -37,6 +39,10 @@ class Runtime:
         Whether the "backend='auto' fell back to NumPy" warning was given.
     warned : set
         Other things warned about once (e.g. ``("cache-fallback", folder)``: a read-only cache).
+    finite_memo : asp_gmm.frozen.Memo
+        Immutable arrays already checked for NaN/inf.
+    declarations_memo : dict
+        What the registry derives from the declared variants, per declaration.
     """
 
     def __init__(self):
@@ -54,6 +60,10 @@ class Runtime:
 
         #: immutable arrays already checked for NaN/inf (:func:`asp_gmm.fit.data.check_data`)
         self.finite_memo = Memo()
+        #: what :mod:`asp_gmm.registry` derives from the declared variants (the variants of a backend
+        #: and phase, whether their limits name N): key -> (the declarations, the answer), recomputed
+        #: when the declarations are reloaded
+        self.declarations_memo: dict = {}
 
     # ------------------------------------------------------------------ background compiles
     def background_pool(self):

@@ -247,8 +247,8 @@ def test_three_d_data(rng):
     b_ = _models(params, 2, "full", np.float32, "c")
     train_many(a, X, min_em_iters=4, max_em_iters=4, tol=0.0)
     train_many(b_, list(X), min_em_iters=4, max_em_iters=4, tol=0.0)
-    for g, h in zip(a, b_):
-        np.testing.assert_array_equal(g.covars, h.covars)
+    for g, h in zip(a, b_):  # two calls may run different batched variants (exploring): equal to rounding
+        np.testing.assert_allclose(g.covars, h.covars, rtol=1e-5, atol=1e-6)
     X[3, 5, 1] = np.inf
     with pytest.raises(BatchMemberError, match=r"member 3: .*datasets\[3\] contains NaN or infinity"):
         train_many(_models(params, 2, "full", np.float32, "c"), X, max_em_iters=2)

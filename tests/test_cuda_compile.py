@@ -5,11 +5,13 @@ kernels, parameters and shared memory of nvcc's, and compiles through nvcc.
 
 The grid: every CUDA variant at each problem class below with its default tunables (odd D, D = 1,
 M = 1, D large enough to tile the cells and to move the Cholesky factor and the E-step operands out
-of registers and shared memory, float64), and every combination of tunables of the backend's own
-variants at one class. Grid points whose rendered sources differ only in numbers (sizes, unrolled
+of registers and shared memory, float64), the tunables that switch a variant's code path (PATHS:
+V8 at every tmax of its manifest), a variant's own classes (EXTRA_CLASSES), and every combination of
+tunables of the backend's own variants at one class. Grid points whose rendered sources differ only in numbers (sizes, unrolled
 constants), with the same values of every macro a preprocessor condition reads, take the same code
 path: one of them is compiled (the largest problem, where static sizes are at their largest), so a
-template is compiled once per path rather than once per shape. Compiles run in parallel (NVRTC in
+template is compiled once per path rather than once per shape; a variant whose sizes alone shape
+its code (V9: no preprocessor switch) is compiled once per shape class of its derived geometry. Compiles run in parallel (NVRTC in
 this process, which releases the GIL) into the session's compile cache.
 """
 
@@ -55,8 +57,30 @@ CLASSES = [  # (D, M, cvtype, dtype)
 ]
 TUNED_CLASS = (19, 16, "full", "float32")
 OWN = {"core", "estep", "V1", "V2", "V3", "V4"}
-#: tunables that switch a variant to another code path, compiled at every class the variant allows too
-PATHS = {"V7": [{"mtc": 0}, {"tc_wm": 1}]}
+V8 = registry.get("cuda", "V8", "covariance")
+V9 = registry.get("cuda", "V9", "covariance")
+#: tunables that switch a variant to another code path, compiled at every class the variant allows too:
+#: V7's CUDA-core M phase and one component tile a warp; every tmax of V8's manifest (its tile plan: tmax
+#: sets TW, the warps a component's tiles are cut into, each a case of the kernel's switch; tmax values
+#: that cut a class's tiles alike render the same source and are compiled once)
+PATHS = {"V7": [{"mtc": 0}, {"tc_wm": 1}], "V8": [{"tmax": t} for t in V8.tunables["tmax"]]}
+#: problem classes of one variant only (beyond CLASSES): V9 with several 128-component E-step tiles at its
+#: limit (MPAD = 8192: the guarded-component list fills most of asp_v9_efix's static shared memory),
+#: and at a D whose tile of events does not fit at be = 128 (be = 32: two mma tiles an event warp, the
+#: sums in 8 column groups)
+EXTRA_CLASSES = {"V9": [(16, 8192, "diag", "float32"), (1000, 64, "diag", "float32")]}
+
+
+def v9_shape_class(env: dict) -> tuple:
+    """What V9's source leaves to its sizes alone (no preprocessor switch reads them) but shapes the
+    compiled code, from its manifest's [derived] geometry: several component tiles of the E-step, several
+    column groups of the sums, the E-step's mma tiles an event warp."""
+    return (env["CT"] > 1, env["CG"] > 1, env["MI"])
+
+
+#: a variant's shape class (from its derived geometry): grid points of one code path but different
+#: classes are compiled each
+SHAPE_CLASS = {"V9": v9_shape_class}
 
 
 def _jobs():
@@ -65,7 +89,7 @@ def _jobs():
     for v in registry.variants("cuda"):
         if not v.template:
             continue
-        for D, M, cv, dt in CLASSES:
+        for D, M, cv, dt in CLASSES + EXTRA_CLASSES.get(v.name, []):
             p = Problem(1000, D, M, cv, dt)
             # the first combination the limits allow, if any (as the backend would pick)
             tun = v.default_tunables() if v.phase == "core" else v.first_allowed(p, extra=ctx)
@@ -85,11 +109,19 @@ def _jobs():
     return jobs
 
 
+def shape_class(v, tun, p):
+    """The variant's shape class of a grid point (:data:`SHAPE_CLASS`; None where it has none)."""
+    f = SHAPE_CLASS.get(v.name)
+    if f is None:
+        return None
+    return f(v.derive(dict(p.as_dict(), **dict(v.default_tunables(), **tun), **cu._DEFAULT_LIMITS)))
+
+
 def _by_path(jobs: dict) -> dict:
-    """One job per (variant, code path): the one with the largest problem."""
+    """One job per (variant, code path, shape class): the one with the largest problem."""
     groups = {}
     for key, (v, tun, p) in jobs.items():
-        groups.setdefault((v.name, code_path(cu.render_source(v, tun, p))), []).append(key)
+        groups.setdefault((v.name, code_path(cu.render_source(v, tun, p)), shape_class(v, tun, p)), []).append(key)
     keep = {}
     for keys in groups.values():
         k = max(keys, key=lambda k: (jobs[k][2].D * jobs[k][2].M, jobs[k][2].D, k[3], k[4]))
@@ -162,6 +194,34 @@ def test_every_own_variant_is_covered():
             assert cu.pluggable(v), f"{v.key} must declare its launches"
             for spec in cu.launches(v):
                 assert spec.kernel
+
+
+def test_v8_compiles_every_tile_plan():
+    """V8 is compiled at every tile plan its manifest derives for the grid's full-covariance classes:
+    each tmax that cuts a class's tiles over another number of warps (TW) is a compile of its own."""
+    compiled = {}
+    for k, (v, tun, p) in JOBS.items():
+        if k[0] == "V8":
+            compiled.setdefault(p.D, set()).add(v.derive(dict(p.as_dict(), **tun, **cu._DEFAULT_LIMITS))["TW"])
+    plans = {}
+    for D, M, cv, dt in CLASSES:
+        p = Problem(1000, D, M, cv, dt)
+        for t in V8.tunables["tmax"]:
+            tun = dict(V8.default_tunables(), tmax=t)
+            if V8.allows(p, tun, extra=cu._DEFAULT_LIMITS):
+                plans.setdefault(D, set()).add(V8.derive(dict(p.as_dict(), **tun, **cu._DEFAULT_LIMITS))["TW"])
+    assert compiled == plans
+    assert any(len(tw) > 2 for tw in plans.values())  # a class where all three tmax values differ
+
+
+def test_v9_compiles_at_several_shape_classes():
+    """V9 (one code path: no preprocessor switch) is compiled once per shape class, and the grid has
+    several: one component tile and many, one column group of the sums and several, be = 128 and 32."""
+    classes = {shape_class(*JOBS[k]) for k in JOBS if k[0] == "V9"}
+    assert len(classes) >= 4, classes
+    assert {c[0] for c in classes} == {False, True} and {c[1] for c in classes} == {False, True}
+    assert {c[2] for c in classes} >= {2, 4}
+    assert any(k[0] == "V9" and k[2] == 8192 for k in JOBS)  # at the limit of its guarded-component list
 
 
 def test_launch_expressions_evaluate():

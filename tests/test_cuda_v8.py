@@ -1,9 +1,10 @@
 """The tensor-core full-covariance kernels: V8 (covariance sums) and estep_tc (E-step), both m16n8k8 TF32
-mma in the 3xTF32 split. Without a GPU: the render-time tile plan of V8 covers the lower triangle once and
-agrees with the manifest's geometry. On a GPU: both kernels against the float64 reference on odd shapes
-(D not a multiple of 8, M = 1, N smaller than a block), data far from the origin, and one iteration's
-accuracy at the float32 level."""
+mma in the 3xTF32 split. Without a GPU: the render-time tile plan of V8 (read from the rendered kernel)
+covers the lower triangle once and agrees with the manifest's geometry. On a GPU: both kernels against
+the float64 reference on odd shapes (D not a multiple of 8, M = 1, N smaller than a block), data far from
+the origin, and one iteration's accuracy at the float32 level."""
 
+import ast
 import re
 
 import numpy as np
@@ -20,15 +21,23 @@ CTX = dict(cu._DEFAULT_LIMITS)
 
 
 def _plan(D, tmax):
-    """The tiles of cov_v8.cu.j2's plan: (row group q, column group c), rows q and q + 1."""
-    G = (D + 7) // 8
-    return [(q, c) for band in range(0, G, 8) for c in range(G) for q in range(c, G, 2) if band <= q < band + 8]
+    """The tiles (row group q, column group c: rows q and q + 1) of each warp, as cov_v8.cu.j2 planned them
+    at render time for (D, tmax): read from the rendered kernel's switch (one case a warp, its tiles in
+    the case's comment), so the plan checked here is the one compiled."""
+    src = cu.render_source(V8, dict(V8.default_tunables(), tmax=tmax), Problem(0, D, 4, "full", "float32"))
+    cases = re.findall(r"^\s+case (\d+): \{   /\* tiles \(row group, column group\) (\[.*\]) \*/$", src, re.M)
+    assert [int(w) for w, _ in cases] == list(range(len(cases)))
+    return [[tuple(t) for t in ast.literal_eval(tiles)] for _, tiles in cases]
 
 
 @pytest.mark.parametrize("D", [1, 7, 8, 9, 19, 36, 64, 71, 100, 128, 144])
 @pytest.mark.parametrize("tmax", [6, 8, 12])
 def test_v8_plan_covers_the_lower_triangle_once(D, tmax):
-    tiles = _plan(D, tmax)
+    """The template's plan covers every (row group, column group) pair of the lower triangle once, in
+    the number of tiles (TT) and warps (TW) that the manifest's [derived] geometry gives, no warp with
+    more than tmax tiles."""
+    warps = _plan(D, tmax)
+    tiles = [t for w in warps for t in w]
     G = (D + 7) // 8
     seen = {}
     for q, c in tiles:
@@ -39,7 +48,8 @@ def test_v8_plan_covers_the_lower_triangle_once(D, tmax):
     env = V8.derive(
         dict(Problem(1000, D, 4, "full", "float32").as_dict(), **dict(V8.default_tunables(), tmax=tmax), **CTX)
     )
-    assert env["TT"] == len(tiles) and env["TW"] == -(-len(tiles) // tmax)
+    assert env["TT"] == len(tiles) and env["TW"] == len(warps) == -(-len(tiles) // tmax)
+    assert max(len(w) for w in warps) <= tmax and min(len(w) for w in warps) >= 1
     assert env["NTH"] == 32 * env["CB"] * env["TW"]
 
 

@@ -296,3 +296,19 @@ def test_the_workers_resident_stores_are_closed_when_the_fit_ends(monkeypatch):
     agd.fit(da.from_array(X, chunks=(500, D)), M, client=False, **kw)  # one worker in this process
     assert opened and [id(s) for s in closed] == [id(s) for s in opened]
     assert all(s.runner is None and s.items == [] for s in closed)
+
+
+def test_the_dask_result_is_a_train_result(client):
+    """One TrainResult for every entry: the Dask result derives from it and fills its fields (the
+    configuration, why it was chosen, the weight sum as every weighted fit reports it)."""
+    from asp_gmm.fit.result import TrainResult
+
+    assert issubclass(agd.DaskFitResult, TrainResult)
+    X = data(seed=11)
+    r = fit(da.from_array(X, chunks=(1000, D)))
+    assert isinstance(r, TrainResult) and r.explored == [] and r.reason and r.variant
+    assert r.weight_sum == 0.0 and r.weight_total == N and r.n_events == N
+    assert len(r.loglik_trace) == r.iters + 1 and r.seconds > 0
+    w = np.random.default_rng(2).uniform(0.0, 2.0, N)
+    rw = fit(da.from_array(X, chunks=(1000, D)), sample_weight=w)
+    assert rw.weight_sum == pytest.approx(w.sum()) and rw.weight_total == rw.weight_sum

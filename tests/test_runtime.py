@@ -84,3 +84,29 @@ def test_a_runtime_holds_its_own_backends_selector_and_histories(tmp_path, monke
     h = rt.selector.history()
     assert h is not None and list(rt.histories.values()) == [h]
     assert h not in default_runtime().histories.values()
+
+
+def test_the_registry_memo_lives_on_the_runtime(monkeypatch):
+    """What the registry derives from the declarations (variants per backend and phase, whether
+    limits name N) is memoised in the default runtime, not in a module-level dict: a fresh runtime
+    starts empty, a reload of the declarations is seen."""
+    from asp_gmm import registry, runtime
+
+    assert not hasattr(registry, "_memo")
+    rt = runtime.Runtime()
+    assert rt.declarations_memo == {}
+    monkeypatch.setattr(runtime, "_default_runtime", rt)
+    got = registry.variants("c", "covariance")
+    assert got and all(v.backend == "c" and v.phase == "covariance" for v in got)
+    every, answer = rt.declarations_memo[("variants", "c", "covariance")]
+    assert every is registry.all_variants() and list(answer) == got
+    registry.limits_name_n("cuda", "covariance")
+    assert ("names_n", "cuda", "covariance") in rt.declarations_memo
+    other = runtime.Runtime()
+    monkeypatch.setattr(runtime, "_default_runtime", other)
+    assert registry.variants("c", "covariance") == got and list(other.declarations_memo) == [
+        ("variants", "c", "covariance")
+    ]
+    stale = ("variants", "numpy", None)
+    other.declarations_memo[stale] = ((), ("stale",))  # declarations since reloaded: recomputed
+    assert registry.variants("numpy") == [v for v in registry.all_variants() if v.backend == "numpy"]

@@ -255,6 +255,22 @@ def test_loo_accuracy_counts_within_tolerance():
     assert costmodel.loo_accuracy(classes, lambda o, c, k: "b") == (0.5, 2)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_fast_leave_one_out_equals_refitting_every_fold(seed):
+    """The selector's per-process leave-one-out (linear in the points) gives the same accuracies as
+    the generic one that refits every model for every fold, on random histories with grid ties,
+    classes of one configuration and configurations below MIN_POINTS."""
+    r = np.random.default_rng(seed)
+    keys = [f"V{i}" for i in range(int(r.integers(2, 7)))]
+    classes = {}
+    for _ in range(int(r.integers(3, 40))):
+        c = (float(r.integers(10, 40)) / 2, float(np.log(r.integers(1, 64))), float(np.log(r.integers(1, 256))))
+        ks = r.choice(keys, size=int(r.integers(1, len(keys) + 1)), replace=False)
+        classes[c] = {str(k): float(np.exp(r.normal(-18, 1))) for k in ks}
+    assert costmodel.loo_model_accuracy(classes) == costmodel.loo_accuracy(classes, costmodel.model_predictor)
+    assert costmodel.loo_nearest_accuracy(classes) == costmodel.loo_accuracy(classes, costmodel.nearest_predictor)
+
+
 # ------------------------------------------------------------------ property: never explores
 @pytest.mark.parametrize("seed", range(12))
 def test_pinned_or_autotune_off_never_explores(rules, monkeypatch, seed):

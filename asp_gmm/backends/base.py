@@ -147,6 +147,10 @@ class Backend(abc.ABC):
     name: str = ""
     #: True when a binary is specific to (D, M) (CUDA), so a new problem shape means compiling.
     shape_specific_binaries: bool = False
+    #: True when the compiled kernels take sample weights themselves (:meth:`open_weighted_stats`
+    #: folds them into the posteriors on the device); a weighted fit then chooses among the
+    #: covariance variants that declare it possible (:attr:`asp_gmm.registry.Variant.takes_weights`).
+    weights_in_kernels: bool = False
 
     @classmethod
     @abc.abstractmethod
@@ -256,11 +260,15 @@ class Backend(abc.ABC):
         """A :class:`StatsRunner` for blocks of up to ``problem.N`` events."""
         return StatsRunner(self, problem, kernel)
 
-    def open_weighted_stats(self, problem: Problem, kernel: Kernel | None = None) -> "StatsRunner":
+    def open_weighted_stats(
+        self, problem: Problem, kernel: Kernel | None = None, resident: bool = False
+    ) -> "StatsRunner":
         """A :class:`StatsRunner` whose :meth:`StatsRunner.stats_weighted` gives the statistics of
         weighted blocks. By default the backend's E-step gives each block's posteriors (a session
         per block) and the weights are folded into them in float64 NumPy; a backend whose kernels
-        take the weights themselves overrides this."""
+        take the weights themselves overrides this (and sets :attr:`weights_in_kernels`).
+        ``resident``: the blocks come from an in-memory array that fits the device and stays
+        unchanged for the whole fit, so a runner may keep them on the device between passes."""
         return StatsRunner(self, problem, kernel)
 
     def stream_block_rows(self, problem: Problem) -> int:

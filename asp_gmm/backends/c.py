@@ -229,8 +229,14 @@ class CBackend(Backend):
     def open_stats(self, problem: Problem, kernel: Kernel | None = None) -> "CStatsRunner":
         return CStatsRunner(self, problem, kernel)
 
-    def open_weighted_stats(self, problem: Problem, kernel: Kernel | None = None) -> "CStatsRunner":
-        """The core takes the weights itself (:meth:`CStatsRunner.stats_weighted`)."""
+    #: the core's E-step takes the sample weights (``asp_set_weights``)
+    weights_in_kernels = True
+
+    def open_weighted_stats(
+        self, problem: Problem, kernel: Kernel | None = None, resident: bool = False
+    ) -> "CStatsRunner":
+        """The core takes the weights itself (:meth:`CStatsRunner.stats_weighted`); the blocks are
+        read where they lie (``resident`` changes nothing)."""
         return CStatsRunner(self, problem, kernel)
 
     def stream_block_rows(self, problem: Problem) -> int:

@@ -35,7 +35,7 @@ class NumpyBackend(Backend):
     def open_stats(self, problem: Problem, kernel=None) -> "NumpyStatsRunner":
         return NumpyStatsRunner(self, problem, kernel)
 
-    def open_weighted_stats(self, problem: Problem, kernel=None) -> "NumpyStatsRunner":
+    def open_weighted_stats(self, problem: Problem, kernel=None, resident: bool = False) -> "NumpyStatsRunner":
         return NumpyStatsRunner(self, problem, kernel)
 
 

@@ -297,24 +297,27 @@ class _Coordinator:
         self.summaries = self._collect("ready", None)
         self.loads += sum(s["loads"] for s in self.summaries)
 
-    def _stop(self):
-        for _addr, fut, q in self.loops:
+    def _stop(self, wait_s: float = 0.0):
+        """Ask every loop to stop; with ``wait_s``, let them finish first (their ``finally`` closes
+        the resident stores: pinned and device buffers on CUDA workers) before their queues are
+        closed and what is still running is cancelled."""
+        loops, self.loops = self.loops, []
+        for _addr, fut, q in loops:
             with contextlib.suppress(Exception):
                 q.put(pack(("stop", -1, None)))
-        for _addr, fut, q in self.loops:
+        if wait_s > 0 and loops:
+            from distributed import wait
+
+            with contextlib.suppress(Exception), self.client.as_current():
+                wait([f for _a, f, _q in loops], timeout=wait_s)
+        for _addr, fut, q in loops:
             with contextlib.suppress(Exception):
                 q.close()
         with contextlib.suppress(Exception):
-            self.client.cancel([fut for _a, fut, _q in self.loops], force=True)
-        self.loops = []
+            self.client.cancel([fut for _a, fut, _q in loops if not fut.done()], force=True)
 
     def close(self):
-        loops = list(self.loops)
-        self._stop()
-        from distributed import wait
-
-        with contextlib.suppress(Exception), self.client.as_current():
-            wait([f for _a, f, _q in loops], timeout=10)
+        self._stop(wait_s=10)
         with contextlib.suppress(Exception):
             self.replies.put(pack(("__bye__", -1, -1)))
             self._reader.join(10)
@@ -477,22 +480,26 @@ def _em(
         if iters >= min_iters and abs(change) < tol:
             converged = True
             break
+    first = co.summaries[0] if co.summaries else {}
     return DaskFitResult(
-        w,
-        mu,
-        cv,
-        ll,
-        iters,
-        converged,
-        N,
-        trace,
-        secs,
-        time.perf_counter() - t_start,
+        weights=w,
+        means=mu,
+        covars=cv,
+        loglik=ll,
+        iters=iters,
+        converged=converged,
+        variant=str(first.get("variant") or ""),
+        explored=[],
+        reason=str(first.get("reason") or ""),
+        seconds=time.perf_counter() - t_start,
+        loglik_trace=trace,
+        n_events=N,
+        weight_sum=total if wsum is not None else 0.0,
+        pass_seconds=secs,
         workers=len(co.loops),
         restarts=co.restarts,
         loads=co.loads,
         weight_total=total,
-        variant=str(co.summaries[0].get("variant") or "") if co.summaries else "",
         compute_seconds=compute,
     )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ASPGMMError
+from ..fit.result import TrainResult
 
 
 class DaskInputError(ASPGMMError, ValueError):
@@ -20,8 +21,9 @@ class WorkersLostError(ASPGMMError, RuntimeError):
 
 
 @dataclass
-class DaskFitResult:
-    """Outcome of :func:`fit`.
+class DaskFitResult(TrainResult):
+    """Outcome of :func:`fit`: the one :class:`~asp_gmm.fit.result.TrainResult` of every entry,
+    with what a distributed fit adds (the passes' times, the workers, restarts and loads).
 
     Attributes
     ----------
@@ -31,8 +33,16 @@ class DaskFitResult:
         Total (weighted) log-likelihood of X under the final parameters.
     iters : int
     converged : bool
+    variant : str
+        The covariance configuration the first loop's worker chose (its label).
+    explored : list of str
+        Empty: the loops explore nothing.
+    reason : str
+        Why the first loop's worker chose its configuration ("history", "rule", "pinned", ...).
     n_events : int
         Rows of X.
+    weight_sum : float
+        Sum of ``sample_weight`` (0.0 without it, as :class:`TrainResult` says).
     loglik_trace : list of float
         Before the first iteration and after each (``iters + 1`` values).
     pass_seconds : list of float
@@ -47,28 +57,16 @@ class DaskFitResult:
         generation, never per pass.
     weight_total : float
         Sum of ``sample_weight`` (``n_events`` without it).
-    variant : str
-        The covariance configuration the first loop's worker chose (its label).
     compute_seconds : list of float
         Per pass, the slowest loop's time in its statistics (the rest of ``pass_seconds`` is
         communication, the sum and the M-step).
     """
 
-    weights: np.ndarray
-    means: np.ndarray
-    covars: np.ndarray
-    loglik: float
-    iters: int
-    converged: bool
-    n_events: int
-    loglik_trace: list = field(default_factory=list)
     pass_seconds: list = field(default_factory=list)
-    seconds: float = 0.0
     workers: int = 0
     restarts: int = 0
     loads: int = 0
     weight_total: float = 0.0
-    variant: str = ""
     compute_seconds: list = field(default_factory=list)
 
 

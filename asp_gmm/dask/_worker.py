@@ -278,6 +278,7 @@ class BlockStore:
             "loads": self.loads,
             "variant": getattr(self.plan.config, "label", str(self.plan.config)),
             "variant_name": getattr(getattr(self.plan.config, "variant", None), "name", None),
+            "reason": getattr(self.plan, "reason", ""),
         }
 
     # -------------------------------------------------------------- a pass

@@ -97,9 +97,10 @@ class StreamPlan:
     reason: str
 
 
-def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
+def plan(spec, problem: Problem, variant: str | None = None, weighted: bool = False) -> StreamPlan:
     """Choose the covariance configuration for ``problem``'s blocks through ``spec``'s selection (on
-    the block's problem shape), falling back past configurations that fail to compile."""
+    the block's problem shape), falling back past configurations that fail to compile. ``weighted``:
+    on a backend whose kernels take sample weights, among the variants that declare they can."""
     from .. import selection
 
     rows = spec.backend.stream_block_rows(problem)
@@ -107,6 +108,8 @@ def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
         rows = min(rows, problem.N)
     bp = Problem(int(rows), problem.D, problem.M, problem.cvtype, problem.dtype)
     cands = spec.candidates(bp, variant)
+    if weighted and variant is None and getattr(spec.backend, "weights_in_kernels", False):
+        cands = [c for c in cands if c.variant.takes_weights] or cands  # (none: the default runner folds them)
     p = spec.policy.choose(spec.backend, bp, cands, pinned=variant is not None, tuning=False)
     order = [p.primary] + [c for c in selection.rule_order(spec.backend, cands) if c != p.primary]
     for cfg in order:
@@ -118,11 +121,30 @@ def plan(spec, problem: Problem, variant: str | None = None) -> StreamPlan:
     raise KernelError("every candidate variant failed to compile; see the warnings above")
 
 
-def _open_runner(spec, sp: StreamPlan, sample_weight):
-    """The backend's statistics runner for the plan's blocks (the weighted one with weights)."""
+def _open_runner(spec, sp: StreamPlan, sample_weight, resident: bool = False):
+    """The backend's statistics runner for the plan's blocks (the weighted one with weights;
+    ``resident``: see :func:`_resident`)."""
     if sample_weight is None:
         return spec.backend.open_stats(sp.problem, sp.kernel)
-    return spec.backend.open_weighted_stats(sp.problem, sp.kernel)
+    return spec.backend.open_weighted_stats(sp.problem, sp.kernel, resident=resident)
+
+
+def _resident(spec, source: ChunkSource, problem: Problem) -> bool:
+    """Whether the rows of a weighted fit may stay on the device between passes: they are an
+    in-memory NumPy array (not a memmap, not a callable: the same rows every pass, unchanged during
+    the fit) and a session of all of them plus a copy of the rows and their weights fits the device
+    budget (:func:`asp_gmm.fit.sources.device_budget`; small data: without asking the device)."""
+    from . import sources
+
+    X = getattr(source, "X", None) if isinstance(source, ArraySource) else None
+    if not isinstance(X, np.ndarray) or isinstance(X, np.memmap):
+        return False
+    p = dataclasses.replace(problem, N=source.n_rows)
+    need = spec.backend.session_bytes(p) + p.N * (p.D * p.np_dtype.itemsize + 8)
+    if need <= sources._NEVER_STREAM_BYTES and sources._bytes_setting("ASP_GMM_DEVICE_BUDGET", None) is None:
+        return True
+    budget = sources.device_budget(spec.backend)
+    return budget is None or need <= budget
 
 
 def pass_stats(
@@ -142,44 +164,44 @@ def pass_stats(
     into the posteriors; ``expect_rows``: the rows every pass must yield)."""
     runner.set_params(weights, means, covars, reg_covar)
     st = SuffStats(problem.M, problem.D, problem.cvtype, means)
+    on_device = getattr(runner, "checks_finite", False)  # NaN/inf found by the runner (the GPU)
+    cut = dict(check_finite=not on_device, pieces=on_device and isinstance(source, ArraySource))
+    starts, counts = [], []
     if sample_weight is None:
-        on_device = getattr(runner, "checks_finite", False)  # NaN/inf found by the runner (the GPU)
-        starts = []
 
         def rows():
-            for start, blk in blocks(
-                source,
-                problem.D,
-                problem.np_dtype,
-                runner.problem.N,
-                expect_rows,
-                check_finite=not on_device,
-                pieces=on_device and isinstance(source, ArraySource),
-            ):
+            for start, blk in blocks(source, problem.D, problem.np_dtype, runner.problem.N, expect_rows, **cut):
                 starts.append(start)
                 yield blk
 
-        try:
-            for bs in runner.stats_many(rows()):
-                st.add_block(bs)
-                if progress is not None:
-                    progress.advance(bs.n)
-        except NonFiniteInputError as exc:
-            row = starts[exc.block] + exc.row if getattr(exc, "block", None) is not None else exc.row
-            what = f"values beyond the {exc.beyond} range" if exc.beyond else "NaN or infinity"
-            raise StreamError(
-                f"X has {what} at row {row}, column {exc.column}; remove or impute those events"
-                + (" or use dtype=np.float64" if exc.beyond else "")
-            ) from None
+        results = runner.stats_many(rows())
     else:
-        for _start, blk, w in weighted_blocks(
-            source, sample_weight, problem.D, problem.np_dtype, runner.problem.N, expect_rows
-        ):
-            st.add_block(runner.stats_weighted(blk, w), blk.shape[0])
+
+        def pairs():
+            for start, blk, w in weighted_blocks(
+                source, sample_weight, problem.D, problem.np_dtype, runner.problem.N, expect_rows, **cut
+            ):
+                starts.append(start)
+                counts.append(w.shape[0])
+                yield blk, w
+
+        many = getattr(runner, "stats_weighted_many", None)  # (pipelined on the GPU)
+        results = many(pairs()) if many is not None else (runner.stats_weighted(b, w) for b, w in pairs())
+    try:
+        for k, bs in enumerate(results):
+            rows_k = counts[k] if sample_weight is not None else bs.n
+            st.add_block(bs, rows_k)
             if progress is not None:
-                progress.advance(blk.shape[0])
-        if not st.n > 0:
-            raise ValueError("sample_weight sums to zero: at least one event needs a positive weight")
+                progress.advance(rows_k)
+    except NonFiniteInputError as exc:
+        row = starts[exc.block] + exc.row if getattr(exc, "block", None) is not None else exc.row
+        what = f"values beyond the {exc.beyond} range" if exc.beyond else "NaN or infinity"
+        raise StreamError(
+            f"X has {what} at row {row}, column {exc.column}; remove or impute those events"
+            + (" or use dtype=np.float64" if exc.beyond else "")
+        ) from None
+    if sample_weight is not None and not st.n > 0:
+        raise ValueError("sample_weight sums to zero: at least one event needs a positive weight")
     if not math.isfinite(st.loglik):
         raise NonFiniteError(
             f"the log-likelihood is not finite ({st.loglik}): increase reg_covar, use fewer components, "
@@ -224,9 +246,10 @@ def em(
     cvtype = problem.cvtype
     problem = dataclasses.replace(problem, cvtype=problem.kernel_cvtype)
     covars = per_component(covars, cvtype, problem.M, problem.D)
-    sp = plan(spec, problem, variant)
+    sp = plan(spec, problem, variant, weighted=sample_weight is not None)
     bar = _Progress(progress, problem.N or source.n_rows)
-    runner = _open_runner(spec, sp, sample_weight)
+    resident = sample_weight is not None and _resident(spec, source, problem)
+    runner = _open_runner(spec, sp, sample_weight, resident)
     w = np.array(weights, np.float64)
     mu = np.array(means, np.float64)
     cv = np.array(covars, np.float64)
@@ -283,7 +306,7 @@ def source_stats(
     EM of ``GaussianMixture.partial_fit``): the statistics of every row under the given parameters."""
     source = as_source(source)
     sample_weight = as_weights(sample_weight, source.n_rows)
-    sp = plan(spec, problem, variant)
+    sp = plan(spec, problem, variant, weighted=sample_weight is not None)
     runner = _open_runner(spec, sp, sample_weight)
     try:
         return pass_stats(runner, source, problem, weights, means, covars, reg_covar, sample_weight=sample_weight)

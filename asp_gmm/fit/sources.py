@@ -405,15 +405,23 @@ def as_weights(sample_weight, n_rows: int | None = None) -> WeightSource | None:
 
 
 def weighted_blocks(
-    source: ChunkSource, weights: WeightSource, D: int | None, dtype, block_rows: int, expect_rows=None
+    source: ChunkSource,
+    weights: WeightSource,
+    D: int | None,
+    dtype,
+    block_rows: int,
+    expect_rows=None,
+    check_finite: bool = True,
+    pieces: bool = False,
 ):
     """:func:`blocks` with each block's sample weights: yields ``(start_row, block, w)``, ``w`` a
-    float64 (n,) array checked by :func:`check_weights`. The weights must cover exactly the rows."""
+    float64 (n,) array checked by :func:`check_weights`. The weights must cover exactly the rows.
+    ``check_finite`` and ``pieces`` as in :func:`blocks`."""
     it = iter(weights.chunks())
     have = np.empty(0)
     index, seen = -1, 0
-    for start, blk in blocks(source, D, dtype, block_rows, expect_rows):
-        n = blk.shape[0]
+    for start, blk in blocks(source, D, dtype, block_rows, expect_rows, check_finite=check_finite, pieces=pieces):
+        n = sum(p.shape[0] for p in blk) if pieces else blk.shape[0]
         parts, got = [have], have.shape[0]
         while got < n:
             try:

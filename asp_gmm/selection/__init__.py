@@ -112,7 +112,7 @@ from .plan import (  # noqa: F401
     autotune_enabled,
     rule_order,
 )
-from ..registry import Config  # noqa: F401  (the configuration a plan names)
+from ..variant import Config  # noqa: F401  (the configuration a plan names)
 from .index import NEIGHBOURS, N_WEIGHT, _Index, problem_class  # noqa: F401
 from .history import HistorySelector  # noqa: F401
 from .policy import Policy  # noqa: F401

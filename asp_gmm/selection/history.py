@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import threading
 
-from ..registry import Config
+from ..variant import Config
 from .index import NEIGHBOURS, _Index, problem_class
 from . import plan as _plan
 from .plan import (

@@ -180,8 +180,8 @@ class _Index:
             if len(classes) < costmodel.MIN_POINTS + 1:
                 got = ("nearest", None, 0.0, 0.0)
             else:
-                nn, _ = costmodel.loo_accuracy(classes, costmodel.nearest_predictor)
-                md, _ = costmodel.loo_accuracy(classes, costmodel.model_predictor)
+                nn, _ = costmodel.loo_nearest_accuracy(classes)
+                md, _ = costmodel.loo_model_accuracy(classes)
                 model = None
                 if md >= nn:
                     points: dict = {}

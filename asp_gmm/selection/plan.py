@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from ..config import settings
 from ..problem import Problem
-from ..registry import Config
+from ..variant import Config
 
 log = logging.getLogger("asp_gmm.selection")
 

@@ -8,7 +8,7 @@ import logging
 
 from ..errors import KernelError
 from ..problem import Problem
-from ..registry import Config
+from ..variant import Config
 from .history import HistorySelector
 from .index import problem_class
 from . import plan as _plan

@@ -358,6 +358,21 @@ class CudaBackend(Backend):
 
         return CudaStatsRunner(self, problem, kernel)
 
+    #: ``asp_weight_rows`` (the EM core) folds sample weights into the posteriors on the device
+    weights_in_kernels = True
+
+    def open_weighted_stats(self, problem: Problem, kernel: Kernel | None = None, resident: bool = False):
+        """Weighted streamed EM: each block's weights go to the device with its rows and are folded
+        into the posteriors there (:mod:`asp_gmm.backends.cuda.weighted`; ``resident``: the blocks
+        stay on the device between passes). A covariance variant that takes no weights (its E-step
+        fuses the M-step sums: ``sample_weight = false``) gets the default runner, which folds them
+        into each block's posteriors on the host."""
+        if kernel is not None and not kernel.variant.takes_weights:
+            return super().open_weighted_stats(problem, kernel)
+        from .weighted import CudaWeightedStatsRunner
+
+        return CudaWeightedStatsRunner(self, problem, kernel, resident=resident)
+
     def stream_block_rows(self, problem: Problem) -> int:
         """Blocks of 1 GiB of data and posteriors (``ASP_GMM_BLOCK_BYTES`` overrides): large enough
         that a block's launches are a small part of its time."""

@@ -149,6 +149,7 @@ CORE_SIGNATURES = {
     "asp_transpose": "PPii",
     "asp_upload_chunk": "PPiiiiP",
     "asp_reset": "P",
+    "asp_weight_rows": "PPPPii",
     "asp_moments": "PPPiiPPi",
     "asp_means": "PiPPPPPi",
     "asp_factor": "PPPPPPPPPdii",

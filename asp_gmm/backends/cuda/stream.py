@@ -127,10 +127,13 @@ class CudaStatsRunner(StatsRunner):
         b.stream.wait_for_event(self.copied[s])
         self._sum_block(k, int(self.raw[s]), n, self.consumed[s])
 
-    def _sum_block(self, k: int, ptr: int, n: int, consumed=None) -> None:
+    def _sum_block(self, k: int, ptr: int, n: int, consumed=None, weights=None) -> None:
         """On the compute stream: transpose the n rows at device pointer ``ptr`` into the session's
         event array (NaN/inf flagged; ``consumed`` recorded once they are read), then the E-step, the
-        M-step sums and the covariance variant, their results copied to block k's host buffers."""
+        M-step sums and the covariance variant, their results copied to block k's host buffers.
+        ``weights``: ``(device pointer of n float64 sample weights, device double for the weighted
+        log-likelihood, event recorded once the weights are read)``; ``asp_weight_rows`` scales the
+        posteriors by them after the E-step (a fused variant's E-step takes no weights: not with one)."""
         ses, drv = self.session, self.drv
         b, s = ses.buf, k % 2
         self._set_rows(n)
@@ -155,10 +158,31 @@ class CudaStatsRunner(StatsRunner):
         mod = self.mod
         ses._reset()
         if mod.fused:
+            if weights is not None:
+                raise ValueError(f"{mod.variant.key} fuses the M-step sums into its E-step: it takes no sample weights")
             ses._variant_phase(mod, "estep")
         else:
             ses._estep_launch()
-        drv.memcpy_dtoh_async(self.res_stat[s], b.stat, b.stream)  # before the means kernels clear it
+        if weights is None:
+            drv.memcpy_dtoh_async(self.res_stat[s], b.stat, b.stream)  # before the means kernels clear it
+        else:
+            wptr, wll, wread = weights
+            drv.memset_d32_async(wll, 0, 4, b.stream)  # (16 bytes: as res_stat)
+            ses._launch(
+                "asp_weight_rows",
+                ses._fn["asp_weight_rows"],
+                (max(1, -(-n // 256)), 1),
+                (256, 1, 1),
+                int(wptr),
+                int(b.resp),
+                int(b.logp),
+                int(wll),
+                np.int32(n),
+                np.int32(ldn),
+            )
+            if wread is not None:
+                wread.record(b.stream)
+            drv.memcpy_dtoh_async(self.res_stat[s], wll, b.stream)
         if mod.fused:
             ses._variant_phase(mod, "means")
         else:
