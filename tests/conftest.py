@@ -33,6 +33,21 @@ def make_blobs(rng, N, D, M, offset=0.0, dtype=np.float64):
     return (X + offset).astype(dtype)
 
 
+def scattered_blobs(rng, N, D, M, far):
+    """Blobs whose components ``far`` are tight (scale 0.01) and 50 away from the data mean, alternately on
+    either side, and the parameters of the true labelling: (X, weights, means, variances)."""
+    centres = rng.normal(0.0, 2.0, (M, D))
+    centres[far] = 50.0 * np.where(np.arange(far.size) % 2, 1.0, -1.0)[:, None] + rng.normal(0.0, 1.0, (far.size, D))
+    scales = rng.uniform(0.5, 1.5, (M, D))
+    scales[far] *= 0.01
+    lab = rng.integers(0, M, N)
+    X = (centres[lab] + rng.standard_normal((N, D)) * scales[lab]).astype(np.float32)
+    w = np.bincount(lab, minlength=M) / N
+    mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
+    cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
+    return X, w, mu, cv
+
+
 def init_params(rng, X, M, cvtype):
     """Initial parameters: distinct events as means, the data covariance (in the shape of ``cvtype``),
     random weights."""

@@ -16,7 +16,7 @@ import pytest
 from asp_gmm import reference as ref, registry
 from asp_gmm.backends import cuda as cu
 from asp_gmm.problem import Problem
-from conftest import check_fit, init_params, make_blobs, train_vs_reference
+from conftest import check_fit, init_params, make_blobs, scattered_blobs, train_vs_reference
 
 V7 = registry.get("cuda", "V7", "covariance")
 V9 = registry.get("cuda", "V9", "covariance")
@@ -121,21 +121,6 @@ def test_a_component_without_events_keeps_its_mean_and_covariance(variant, rng):
     check_fit(covars, means, weights, run.loglik, r)
 
 
-def _scattered(rng, N, D, M, far):
-    """Blobs whose components ``far`` are tight (scale 0.01) and 50 away from the data mean, alternately on
-    either side, and the parameters of the true labelling: (X, weights, means, variances)."""
-    centres = rng.normal(0.0, 2.0, (M, D))
-    centres[far] = 50.0 * np.where(np.arange(far.size) % 2, 1.0, -1.0)[:, None] + rng.normal(0.0, 1.0, (far.size, D))
-    scales = rng.uniform(0.5, 1.5, (M, D))
-    scales[far] *= 0.01
-    lab = rng.integers(0, M, N)
-    X = (centres[lab] + rng.standard_normal((N, D)) * scales[lab]).astype(np.float32)
-    w = np.bincount(lab, minlength=M) / N
-    mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
-    cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
-    return X, w, mu, cv
-
-
 @gpu
 def test_v9_guards_serve_scattered_components(rng):
     """V9's two guards on 8 of 40 components, on both sides of a 32-component boundary: asp_v9_efix forms
@@ -143,7 +128,7 @@ def test_v9_guards_serve_scattered_components(rng):
     centring cancels; the fit agrees with float64 EM."""
     N, D, M = 40_000, 7, 40
     far = np.array([2, 5, 31, 32, 33, 34, 36, 39])
-    X, w, mu, cv = _scattered(rng, N, D, M, far)
+    X, w, mu, cv = scattered_blobs(rng, N, D, M, far)
     r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
     # the E-step guard as asp_v9_prep decides it for the E-step that ends the iteration (the updated
     # parameters): sum_d p^2 (mu - s)^2 > elimit x D, s the data mean

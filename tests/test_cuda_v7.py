@@ -11,7 +11,15 @@ import pytest
 from asp_gmm import registry
 from asp_gmm.backends import cuda as cu
 from asp_gmm.problem import Problem
-from conftest import check_fit, init_params, make_blobs, reference_estep, session_vs_reference, train_vs_reference
+from conftest import (
+    check_fit,
+    init_params,
+    make_blobs,
+    reference_estep,
+    scattered_blobs,
+    session_vs_reference,
+    train_vs_reference,
+)
 
 V7 = registry.get("cuda", "V7", "covariance")
 SHAPES = [
@@ -253,15 +261,7 @@ def test_v7_exact_pass_serves_scattered_flags(mtc, fill, rng):
 
     N, D, M = 40_000, 7, 40
     far = np.array([2, 5, 31, 32, 33, 34, 36, 39])
-    centres = rng.normal(0.0, 2.0, (M, D))
-    centres[far] = 50.0 * np.where(np.arange(far.size) % 2, 1.0, -1.0)[:, None] + rng.normal(0.0, 1.0, (far.size, D))
-    scales = rng.uniform(0.5, 1.5, (M, D))
-    scales[far] *= 0.01
-    lab = rng.integers(0, M, N)
-    X = (centres[lab] + rng.standard_normal((N, D)) * scales[lab]).astype(np.float32)
-    w = np.bincount(lab, minlength=M) / N
-    mu = np.stack([X[lab == c].mean(0) for c in range(M)]).astype(np.float64)
-    cv = np.stack([X[lab == c].var(0) for c in range(M)]).astype(np.float64) + 1e-6
+    X, w, mu, cv = scattered_blobs(rng, N, D, M, far)
     r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 1, 1, 0.0)
     be, p, s = _session(X, M, w, mu, cv)
     try:
