@@ -335,3 +335,28 @@ def test_the_bound_holds_within_one_write_batch(tmp_path):
     assert sorted(ok) == list(range(10100 - KEEP_PER_CLASS, 10100))  # the newest of the batch
     assert [r.status for r in rows if r.status != "ok"] == ["compile-failed"]  # failures are kept
     h.close()
+
+
+# ------------------------------------------------------------------ tunables predicted from neighbours
+@pytest.mark.parametrize("classes_with_tuned", [1, 3])
+def test_an_unseen_shape_runs_the_tunables_its_nearest_classes_prefer(tmp_path, monkeypatch, classes_with_tuned):
+    """Nearest rule (fewer classes than the cost model needs): V3 is the best variant nearby, and
+    V3(chunk=8) is 20 % faster than V3's default in the classes that measured it. Measured in at
+    least two of them, the unseen shape runs V3(chunk=8); in one only, V3's default (one timing
+    does not decide)."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    sel, be = HistorySelector(h), FakeBackend(RULE_VARIANTS)
+    v1, v3 = RULE_VARIANTS[0], RULE_VARIANTS[2]
+    for i, (D, M) in enumerate([(8, 16), (10, 16), (8, 20)]):
+        p = Problem(20000, D, M)
+        sel.record(be, p, Config.of(v1), "ok", 2e-3, None, 3)
+        sel.record(be, p, Config.of(v3), "ok", 1e-3, None, 3)
+        if i < classes_with_tuned:
+            sel.record(be, p, Config.of(v3, {"chunk": 8}), "ok", 0.8e-3, None, 3)
+    h.flush()
+    plan = sel.plan(be, Problem(20000, 9, 18), cands(Problem(20000, 9, 18)))
+    assert plan.reason == "predicted" and "nearest" in plan.why
+    want = "V3(chunk=8)" if classes_with_tuned >= 2 else "V3(chunk=4)"
+    assert plan.primary.label == want, plan.why
+    h.close()
