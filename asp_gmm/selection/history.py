@@ -369,7 +369,8 @@ class HistorySelector(Selector):
                     (f"cost model (leave-one-out {100 * loo_model:.0f}% against nearest {100 * loo_nn:.0f}%)"),
                 )
         score, weight, count, used = {}, {}, {}, 0
-        for d, ck in idx.nearest(problem):
+        nearest = idx.nearest(problem)
+        for d, ck in nearest:
             per = idx.scores(ck)
             here = [(per[vk], vk) for vk in keys if vk in per]
             if len(here) < 2:
@@ -395,13 +396,13 @@ class HistorySelector(Selector):
         lo = min(raw.values())
         rel = {c: (v - lo, count[self.vkey(c)]) for c, v in raw.items()}
         how = f"nearest {used} measured class(es)"
-        tuned = self._tuned_nearby(backend, problem, ranking[0], idx)
+        tuned = self._tuned_nearby(backend, problem, ranking[0], idx, nearest)
         if tuned is not None:
             ranking = [tuned] + ranking
             how += f"; tunables {tuned.label} from the nearest classes that measured them"
         return ranking, True, rel, how
 
-    def _tuned_nearby(self, backend, problem, top, idx):
+    def _tuned_nearby(self, backend, problem, top, idx, nearest):
         """A tuned configuration of ``top``'s variant that the nearest classes measuring it beside
         ``top`` find faster than ``top`` (weighted mean log-ratio, as the nearest rule; at least
         two classes, so that one lucky timing does not decide), or None. The nearest rule ranks
@@ -412,7 +413,7 @@ class HistorySelector(Selector):
         if not tuned:
             return None
         score, weight, count, used = {}, {}, {}, 0
-        for d, ck in idx.nearest(problem):
+        for d, ck in nearest:  # (distance, class key) nearest first, as _rank computed them
             per = idx.scores(ck)
             if tk not in per:
                 continue
