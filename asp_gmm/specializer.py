@@ -89,17 +89,33 @@ class Specializer:
     def selector(self) -> selection.Selector:
         return self.policy.selector
 
-    def candidates(self, problem: Problem, variant: str | None = None) -> list:
+    def candidates(self, problem: Problem, variant: str | None = None, weighted: bool = False) -> list:
         """Configurations (variant + default tunables) whose limits allow ``problem`` (memoised by the
         backend's selection key: the diarization example asks thousands of times for a handful of
-        shapes with ever-new N)."""
+        shapes with ever-new N). ``weighted``: only the variants that take sample weights
+        (:attr:`asp_gmm.variant.Variant.takes_weights`; may be empty)."""
         key = (self.backend.selection_key(problem), variant)
         hit = self._candidates.get(key)
         if hit is None:
             if len(self._candidates) > 4096:
                 self._candidates.clear()
             hit = self._candidates[key] = self._find_candidates(problem, variant)
+        if weighted:
+            return [c for c in hit if c.variant.takes_weights]
         return list(hit)
+
+    def _weights_in_session(self, X, problem: Problem, sample_weight, variant) -> bool:
+        """Whether a weighted fit of ``X`` runs in the backend's own session (its kernels fold the
+        weights into the posteriors, :meth:`asp_gmm.backends.base.Session.set_sample_weight`): an
+        in-memory X within the device budget, weights as an (N,) array, and a candidate variant that
+        takes them. Otherwise the pass loop runs it (:mod:`asp_gmm.fit.passes`)."""
+        return (
+            getattr(self.backend, "weights_in_session", False)
+            and isinstance(sample_weight, np.ndarray)
+            and sample_weight.shape == (problem.N,)
+            and not sources.wants_stream(X, self.backend, problem)
+            and bool(self.candidates(problem, variant, weighted=True))
+        )
 
     def _find_candidates(self, problem: Problem, variant: str | None) -> list:
         if variant is not None:
@@ -149,8 +165,10 @@ class Specializer:
     ) -> TrainResult:
         """EM from the given parameters (float64) on X: the pass loop (:func:`asp_gmm.fit.passes.em`)
         for a chunk source, an X beyond the device budget or a weighted fit (``sample_weight``,
-        checked by the caller), else the backend's compiled loop with the policy's plan."""
-        if sample_weight is not None or sources.wants_stream(X, self.backend, problem):
+        checked by the caller) that the backend's session cannot weigh itself, else the backend's
+        compiled loop with the policy's plan (weighted: among the variants that take the weights)."""
+        weighed = sample_weight is not None and self._weights_in_session(X, problem, sample_weight, variant)
+        if (sample_weight is not None and not weighed) or sources.wants_stream(X, self.backend, problem):
             return passes.em(
                 self,
                 X,
@@ -173,7 +191,7 @@ class Specializer:
         sel = self.policy
         tuning = selection.autotune_enabled()
         plan = sel.choose(
-            backend, problem, self.candidates(problem, variant), pinned=variant is not None, tuning=tuning
+            backend, problem, self.candidates(problem, variant, weighed), pinned=variant is not None, tuning=tuning
         )
         explore = list(plan.explore)
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
@@ -188,7 +206,7 @@ class Specializer:
                 for _ in range(SAMPLE_ROUNDS):  # the variants, then the tunable search while the budget lasts
                     done, stopped = ex.round(plan, weights, means, covars, reg_covar)
                     sampled += done
-                    plan = sel.choose(backend, problem, self.candidates(problem, variant), tuning=tuning)
+                    plan = sel.choose(backend, problem, self.candidates(problem, variant, weighed), tuning=tuning)
                     if stopped or not done or not plan.explore:
                         break
             finally:
@@ -205,16 +223,19 @@ class Specializer:
                 pending = (plan.primary, fut)
         session = self._open(X, problem)
         try:
+            N = problem.N  # what the change of the log-likelihood is taken per: events, or their weight
+            if weighed:
+                session.set_sample_weight(sample_weight)
+                N = float(np.sum(sample_weight))
             session.set_params(weights, means, covars, reg_covar)
             iters, converged, explored, used = 0, False, [], None
             trace = []
-            N = problem.N
             stand_in = None
             if pending is not None and not pending[1].done():
                 stand_in = next(
                     (
                         c
-                        for c in selection.rule_order(backend, self.candidates(problem))
+                        for c in selection.rule_order(backend, self.candidates(problem, None, weighed))
                         if c != pending[0] and ready(c)
                     ),
                     None,
@@ -272,7 +293,7 @@ class Specializer:
                 # the planned configuration, then the other candidates should it fail to compile or
                 # to run (each failure is recorded and never retried for its source)
                 order = itertools.chain(
-                    [plan.primary], (c for c in self.candidates(problem, variant) if c != plan.primary)
+                    [plan.primary], (c for c in self.candidates(problem, variant, weighed) if c != plan.primary)
                 )
                 last_exc = None
                 for cfg in order:
@@ -324,7 +345,7 @@ class Specializer:
         # the candidates to explore compile after the call, not competing with it for the cores
         for c in plan.compile_later:
             backend.kernel_async(c.variant, c.params, problem)
-        label = used.label if used is not None else plan.primary.label
+        label = (used.label if used is not None else plan.primary.label) + (" (weighted)" if weighed else "")
         if sample < problem.N:
             explored = sampled
         return TrainResult(
@@ -340,6 +361,7 @@ class Specializer:
             time.perf_counter() - t_start,
             trace,
             plan.why + ("; " if plan.why and note else "") + note,
+            weight_sum=N if weighed else 0.0,
         )
 
     def prepare(self, problem: Problem, variant: str | None = None) -> int:

@@ -107,6 +107,17 @@ class Session(abc.ABC):
     def eval(self, want_resp: bool = True):
         """``(logprob (N,), resp (N, M) or None)`` under the current parameters, in the problem dtype."""
 
+    #: True when :meth:`set_sample_weight` folds sample weights into this session's own EM loop
+    takes_sample_weight: bool = False
+
+    def set_sample_weight(self, sample_weight) -> None:
+        """Weigh every event of the session from now on: ``sample_weight`` (N,) float64, >= 0, checked
+        by the caller. The posteriors of each E-step are multiplied by the weights, so the M-step
+        sums, :meth:`loglik` and the change per unit of weight that stops :meth:`em` are weighted.
+        Only a session with :attr:`takes_sample_weight`; the others run weighted fits as passes
+        (:mod:`asp_gmm.fit.passes`)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no sample weights in its EM loop")
+
     def close(self) -> None:  # pragma: no cover - default: garbage collection frees everything
         pass
 
@@ -151,6 +162,9 @@ class Backend(abc.ABC):
     #: folds them into the posteriors on the device); a weighted fit then chooses among the
     #: covariance variants that declare it possible (:attr:`asp_gmm.registry.Variant.takes_weights`).
     weights_in_kernels: bool = False
+    #: True when the backend's sessions weigh their events themselves
+    #: (:meth:`Session.set_sample_weight`): a weighted in-memory fit then runs the session's EM loop
+    weights_in_session: bool = False
 
     @classmethod
     @abc.abstractmethod

@@ -360,6 +360,9 @@ class CudaBackend(Backend):
 
     #: ``asp_weight_rows`` (the EM core) folds sample weights into the posteriors on the device
     weights_in_kernels = True
+    #: ... in a session's own EM loop too (:meth:`CudaSession.set_sample_weight`): a weighted fit of
+    #: in-memory data runs as an unweighted one does, the weights kept on the device
+    weights_in_session = True
 
     def open_weighted_stats(self, problem: Problem, kernel: Kernel | None = None, resident: bool = False):
         """Weighted streamed EM: each block's weights go to the device with its rows and are folded

@@ -2,7 +2,10 @@
 
 One EM iteration (five launches on one stream, one 16-byte read back):
 ``moments -> means -> covariance variant -> factor -> E-step``, then the host reads
-``stat`` (the log-likelihood scalar and the bad-component word). A failed factorisation restores the
+``stat`` (the log-likelihood scalar and the bad-component word). A weighted session
+(:meth:`CudaSession.set_sample_weight`) adds a sixth launch after every E-step, the core's
+``asp_weight_rows``: the posteriors times the events' weights (kept on the device) and the weighted
+log-likelihood in place of the plain one, so the sums of the next M-step are weighted. A failed factorisation restores the
 parameters of the previous iteration (device-to-device copy) and raises
 :class:`~asp_gmm.errors.NotPositiveDefiniteError`. The device buffers are described in
 :mod:`asp_gmm.backends.cuda.memory`, the variants' launches in :mod:`asp_gmm.backends.cuda.launch`.
@@ -63,6 +66,8 @@ class CudaSession(Session):
         self._fused_sums = None  # the fused variant whose M-step sums the last E-step left, if any
         self._resp_whole = False  # whether resp holds every row of the last E-step (a fused one may
         # store only the rows its exact fallback needs)
+        self._sw = None  # the sample weights on the device (float64, N), if any
+        self._norm = float(problem.N)  # what the change of the log-likelihood is taken per: N or sum(w)
         self._launched = []
         self._plans, self._calls = {}, {}  # launch configurations and argument lists, per module
         self.phase_seconds = []
@@ -227,6 +232,26 @@ class CudaSession(Session):
 
     def _estep_launch(self):
         self._run_plan(self._plan(self.estep_mod, ESTEP_ARGS)[1])
+        if self._sw is not None:
+            self._weigh()
+
+    def _weigh(self):
+        """After an E-step: every event's posteriors times its weight; the status's log-likelihood
+        replaced by the weighted sum (the bad-component word is left alone)."""
+        b, n = self.buf, self.problem.N
+        self.drv.memset_d32_async(b.stat, 0, 2, b.stream)
+        self._launch(
+            "asp_weight_rows",
+            self._fn["asp_weight_rows"],
+            (max(1, -(-n // 256)), 1),
+            (256, 1, 1),
+            int(self._sw),
+            int(b.resp),
+            int(b.logp),
+            int(b.stat),
+            np.int32(n),
+            np.int32(b.ldn),
+        )
 
     def _means(self, zero_cells: int = 0):
         """Moments and means of the M-step (two launches). Also: the parameters are backed up (for
@@ -279,6 +304,7 @@ class CudaSession(Session):
         if fused is None:
             self._estep_launch()
         else:
+            self._refuse_fused(fused)
             self._variant_phase(fused, "estep")
         ll, _ = self._read_stat()
         self._check_ll(ll)
@@ -296,7 +322,38 @@ class CudaSession(Session):
                 "the data has an extreme range. Increase reg_covar, use fewer components, or scale the data."
             )
 
+    def _refuse_fused(self, mod):
+        if self._sw is not None:
+            raise ValueError(
+                f"{mod.variant.key} fuses the M-step sums into its E-step: it takes no sample weights "
+                "(its manifest says sample_weight = false); choose a variant that does"
+            )
+
     # ------------------------------------------------------------------ Session API
+    #: sample weights are folded into the posteriors on the device (``asp_weight_rows``)
+    takes_sample_weight = True
+
+    def set_sample_weight(self, sample_weight) -> None:
+        """Weigh the events from now on (see :meth:`asp_gmm.backends.base.Session.set_sample_weight`):
+        ``sample_weight`` (N,) float64 >= 0 is copied to the device once; every later E-step of this
+        session (:meth:`em`, :meth:`loglik`, :meth:`eval`, whose posteriors are then weighted) folds
+        it in."""
+        p = self.problem
+        w = np.ascontiguousarray(sample_weight, dtype=np.float64)
+        if w.shape != (p.N,):
+            raise ValueError(f"sample_weight has shape {w.shape}, X has {p.N} events; pass one weight per event")
+        with self.dev.active():
+            if self._sw is None:
+                try:
+                    self._sw = self.drv.mem_alloc(max(8 * p.N, 16))
+                except self.drv.Error as exc:
+                    raise MemoryError(
+                        f"could not allocate {8 * p.N} bytes for the sample weights on the device: {exc}"
+                    ) from None
+            self.drv.memcpy_htod(self._sw, w)
+        self._norm = float(w.sum())
+        self._stale = True
+
     def set_params(self, weights, means, covars, reg_covar: float) -> None:
         b, p = self.buf, self.problem
         rt = p.np_dtype
@@ -346,11 +403,13 @@ class CudaSession(Session):
 
     def _em(self, kernel: Kernel, *, min_iters: int, max_iters: int, tol: float, reg_covar: float) -> EMRun:
         mod = kernel.handle
-        b, N = self.buf, self.problem.N
+        b = self.buf
         it_s, cov_s = [], []
         iters, converged = 0, False
         self.phase_seconds = []
         fused = mod.fused
+        if fused:
+            self._refuse_fused(mod)
         with self.dev.active():
             if self._stale or (fused and self._fused_sums is not mod) or not (fused or self._resp_whole):
                 self._run_estep(mod if fused else None)  # (a plain M-step reads every row of resp)
@@ -390,7 +449,7 @@ class CudaSession(Session):
                 # (moments + means, covariance, factor + E-step) of each iteration: benchmarks/gpu.py
                 self.phase_seconds.append((e[1].time_since(e[0]) * 1e-3, cov_s[-1], e[3].time_since(e[2]) * 1e-3))
                 iters += 1
-                change, ll = change_per_event(new_ll, ll, N), new_ll
+                change, ll = change_per_event(new_ll, ll, self._norm), new_ll
                 self._ll = ll
                 trace.append(float(ll))
                 if converged_rule(iters, min_iters, change, tol):
@@ -421,4 +480,8 @@ class CudaSession(Session):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._sw is not None:
+                with self.dev.active():
+                    self._sw.free()
+                self._sw = None
             self.backend.memory.release(self.buf)
