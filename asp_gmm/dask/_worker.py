@@ -13,7 +13,6 @@ generation, so that the client ignores what a loop of an abandoned generation st
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import pickle
 import time
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import cuda_arrays, streaming
-from ..backends.base import stats_from_posteriors
 from ..errors import StreamError
 from ..problem import Problem
 
@@ -224,13 +222,20 @@ class BlockStore:
         if self.packed:  # the configuration an in-process fit of all of X would run
             self.plan = _whole_plan(sp, p, spec.variant)
         else:  # blocks of at most the backend's streaming size
-            self.plan = streaming.plan(sp, Problem(rows, p.D, p.M, p.cvtype, p.dtype), spec.variant)
+            self.plan = streaming.plan(
+                sp, Problem(rows, p.D, p.M, p.cvtype, p.dtype), spec.variant, weighted=spec.weighted
+            )
         self.cap = int(self.plan.problem.N) if not self.packed else rows
         if resident_gpu:
             from ._cuda import ResidentCudaRunner
 
             self.runner = ResidentCudaRunner(self.backend, self.plan.problem, self.plan.kernel)
-        elif not spec.weighted and not self.packed:
+        elif spec.weighted:
+            # the backend's weighted runner: its kernels fold each block's weights into the posteriors
+            # (C, CUDA: the rows and weights kept on the device after the first pass; the blocks are
+            # this worker's, unchanged for the whole fit)
+            self.runner = self.backend.open_weighted_stats(self.plan.problem, self.plan.kernel, resident=True)
+        elif not self.packed:
             self.runner = self.backend.open_stats(self.plan.problem, self.plan.kernel)
         try:
             for raw, w, b, r0 in zip(blocks, weights, spec.block_ids, spec.starts):
@@ -290,10 +295,12 @@ class BlockStore:
         p = self.spec.problem
         st = streaming.SuffStats(p.M, p.D, p.cvtype, means)
         if self.spec.weighted:
-            params = (weights, means, covars, reg_covar)
-            for it in self.items:
-                for a, n in self._pieces(it):
-                    st.add_block(self._weighted(it.host[a : a + n], it.w[a : a + n], params))
+            self.runner.set_params(weights, means, covars, reg_covar)
+            pairs = [(it.host[a : a + n], it.w[a : a + n]) for it in self.items for a, n in self._pieces(it)]
+            many = getattr(self.runner, "stats_weighted_many", None)  # (pipelined on the GPU)
+            gen = many(iter(pairs)) if many is not None else (self.runner.stats_weighted(x, w) for x, w in pairs)
+            for (x, _w), bs in zip(pairs, gen):
+                st.add_block(bs, x.shape[0])
             return st
         if self.packed:
             self.runner.set_params(weights, means, covars, reg_covar)
@@ -308,16 +315,6 @@ class BlockStore:
         for bs in gen:
             st.add_block(bs)
         return st
-
-    def _weighted(self, X, w, params):
-        """Weighted statistics of one piece: the session's posteriors, each row's weight applied in float64."""
-        sub = dataclasses.replace(self.plan.problem, N=int(X.shape[0]))
-        with self.backend.open(X, sub) as ses:
-            ses.set_params(*params)
-            logprob, resp = ses.eval(True)
-        lw = np.asarray(logprob, np.float64) * w
-        rw = np.asarray(resp, np.float64) * w[:, None]
-        return stats_from_posteriors(X, lw, rw, params[1], self.spec.problem.cvtype)
 
     # -------------------------------------------------------------- seeding
     def seed_sums(self, shift, wanted, by_row=True):
