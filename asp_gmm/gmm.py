@@ -150,11 +150,13 @@ class GMM:
         M, cv = self.M, self._kcv  # seeded as the kernel type, then shaped as cvtype
         if data.kind == "host":
             X = data.X
-            X64 = X.astype(np.float64)
-            self._check_scale(X64)
+            with (
+                np.errstate(over="ignore", invalid="ignore"),
+                _small_blas(data.N * self.D * self.D if cv == "full" else 0),
+            ):
+                var, cov = seed.host_moments(X, cv, sample_weight)
+            self._check_variance(var)
             means = X[seed.event_index(data.N, M, self.seed, sample_weight)]
-            with _small_blas(data.N * self.D * self.D if cv == "full" else 0):
-                cov = seed.host_moments(X64, cv, sample_weight)
             covars = seed.covariances(cov, M, cv, self.reg_covar, symmetrise=False)
         elif data.kind == "device":
             n, _mean, cov = cuda_arrays.seed_stats(data.X, cv)
@@ -175,15 +177,10 @@ class GMM:
         if self.weights is None:
             self.weights = seed.equal_weights(M, self.dtype)
 
-    def _check_scale(self, X64: np.ndarray) -> None:
-        """Refuse data whose variance does not fit the working precision (finite float32 data of scale
-        1e19 has a variance of 1e38 and more): no covariance of it can be stored."""
-        with np.errstate(over="ignore", invalid="ignore"):
-            var = X64.var(axis=0)
-        self._check_variance(var)
-
     def _check_variance(self, var: np.ndarray) -> None:
-        """The check of :meth:`_check_scale` on the per-dimension variances (D,)."""
+        """Refuse data whose variance does not fit the working precision (finite float32 data of scale
+        1e19 has a variance of 1e38 and more: no covariance of it can be stored), given the
+        per-dimension variances (D,)."""
         top = float(np.max(var)) if var.size else 0.0
         big = float(np.finfo(self.dtype).max)
         if not np.isfinite(top) or top * (1.0 + 1e-6) >= big:
