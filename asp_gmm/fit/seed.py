@@ -14,6 +14,9 @@ zero is never picked, and the (co)variance is the weighted one.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 
 from ..errors import StreamError
@@ -101,37 +104,60 @@ def equal_weights(M: int, dtype) -> np.ndarray:
 HOST_BLOCK_ROWS = 1 << 15
 
 
+def _block_sums(Xb, shift, wb, full: bool):
+    """``(sum y, sum y^2, sum w y, sum w y y^T or sum w y^2)`` of one block's rows ``y = x - shift``
+    in float64 (``wb`` None: unweighted, the weighted sums are the plain ones)."""
+    Y = Xb.astype(np.float64)
+    Y -= shift
+    ones = np.ones(Y.shape[0])
+    q1 = ones @ Y  # (BLAS: a column sum of a C-ordered block is slow in NumPy's own reduction)
+    if wb is None:
+        if full:
+            s2 = Y.T @ Y
+            return q1, np.diag(s2).copy(), q1, s2
+        np.square(Y, out=Y)
+        q2 = ones @ Y
+        return q1, q2, q1, q2
+    s1 = wb @ Y
+    if full:
+        q2 = np.einsum("ij,ij->j", Y, Y)
+        Y *= np.sqrt(wb)[:, None]
+        return q1, q2, s1, Y.T @ Y
+    np.square(Y, out=Y)
+    return q1, ones @ Y, s1, wb @ Y
+
+
 def host_moments(X: np.ndarray, cvtype: str, sample_weight=None):
     """``(per-dimension variance of the unweighted rows (D,), (co)variance)`` of the host array X
     (N, D, any float dtype): the (co)variance weighted where ``sample_weight`` (N,) is given, (D, D)
-    for "full", (D,) otherwise. One blocked pass in float64 over X minus a shift (the mean of rows at
+    for "full", (D,) otherwise. Blocked passes in float64 over X minus a shift (the mean of rows at
     even intervals: an offset of the data, ``X + 1000``, costs no digits), with no full-size copy of
     X (a float64 copy and the centred rows of a million events of 16 dimensions were four 128 MB
-    temporaries). The unweighted variance checks the data's scale against the working precision,
-    zero-weight rows included (they are in the E-steps too)."""
+    temporaries); large X on a thread per core (NumPy releases the GIL in the block's work; the
+    partial sums are added in block order, so the result does not depend on the threads). The
+    unweighted variance checks the data's scale against the working precision, zero-weight rows
+    included (they are in the E-steps too)."""
     N, D = X.shape
     w = None if sample_weight is None else np.asarray(sample_weight, np.float64)
     full = cvtype == "full"
     shift = X[:: max(N // 1024, 1)].astype(np.float64).mean(axis=0)
-    s1, q1, q2 = np.zeros(D), np.zeros(D), np.zeros(D)  # weighted sum; unweighted sum, sum of squares
-    s2 = np.zeros((D, D) if full else D)
-    for a in range(0, N, HOST_BLOCK_ROWS):
-        Y = X[a : a + HOST_BLOCK_ROWS].astype(np.float64)
-        Y -= shift
-        q1 += Y.sum(axis=0)
-        sq = np.einsum("ij,ij->j", Y, Y)
-        q2 += sq
-        if w is None:
-            s2 += Y.T @ Y if full else sq
-            continue
-        wb = w[a : a + HOST_BLOCK_ROWS]
-        s1 += wb @ Y
-        if full:
-            Y *= np.sqrt(wb)[:, None]
-            s2 += Y.T @ Y
-        else:
-            np.square(Y, out=Y)
-            s2 += wb @ Y
+    starts = range(0, N, HOST_BLOCK_ROWS)
+
+    def one(a):
+        return _block_sums(X[a : a + HOST_BLOCK_ROWS], shift, None if w is None else w[a : a + HOST_BLOCK_ROWS], full)
+
+    workers = min(os.cpu_count() or 1, 8, len(starts))
+    if workers > 1 and len(starts) >= 4:
+        with ThreadPoolExecutor(workers, thread_name_prefix="asp_gmm-seed") as pool:
+            parts = list(pool.map(one, starts))
+    else:
+        parts = [one(a) for a in starts]
+    q1, q2, s1, s2 = (np.array(parts[0][k]) for k in range(4))  # (copies: the blocks' sums may alias)
+    for p in parts[1:]:
+        q1 += p[0]
+        q2 += p[1]
+        s1 += p[2]
+        s2 += p[3]
     var = q2 / N - (q1 / N) ** 2
     if w is None:
         _m1, cov = moments_from_sums(N, q1, s2, cvtype)
