@@ -150,9 +150,13 @@ def _environment(backend: str):
     render: a warm process whose binaries are all cached may never need it)."""
     import jinja2
 
+    from .template_cache import template_code_cache
+
     root = _variants_root()
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader([str(root / backend), str(root)]),
+        # the compiled templates kept in the compile cache: a warm process renders without compiling
+        bytecode_cache=template_code_cache(),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,

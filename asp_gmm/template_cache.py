@@ -1,0 +1,61 @@
+"""Jinja2's compiled templates kept between processes (a :class:`jinja2.BytecodeCache`).
+
+Every call looks its binaries up by the sha256 of their rendered source (:mod:`asp_gmm.cache`), so a
+process renders the templates of what it runs even when every binary is cached. Rendering is quick;
+compiling a template into Python is not: the CUDA templates (a core, E-steps, covariance variants,
+their includes) took 3.2 s of a warm diarization process on the GPU host, 17 templates of 250 ms
+each (1,094 calls of ``compile``). Jinja2 can keep the compiled code (marshal data, checked against
+the template's source checksum and the Python version), and this module keeps it in the compile
+cache's ``templates`` folder under the same rules as the binaries: a file is loaded only when it
+and its folder pass :func:`asp_gmm.cache._require_safe` (owned by you or root, not writable by
+group or others), it is written atomically, and an unreadable or stale entry is compiled again and
+replaced. A read-only cache folder is read but never written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from .cache import _modes, _require_safe, atomic_write, cache_dir
+from .errors import CacheError
+
+#: The sub-folder of the compile cache that holds the templates' compiled code.
+FOLDER = "templates"
+
+
+def template_code_cache():
+    """A :class:`jinja2.BytecodeCache` over ``<cache folder>/templates`` (jinja2 is imported here:
+    only a process that renders needs it). The cache folder is looked up on every load and store,
+    so ``ASP_GMM_CACHE_DIR`` changed during a process is followed."""
+    import jinja2
+
+    class TemplateCodeCache(jinja2.BytecodeCache):
+        def _folder(self):
+            root = cache_dir()  # (created 0700 when missing; its owner and mode checked)
+            return root, root / FOLDER
+
+        def load_bytecode(self, bucket) -> None:
+            try:
+                _root, folder = self._folder()
+                path = folder / f"{bucket.key}.jbc"
+                st = os.stat(path)
+            except (OSError, CacheError):
+                return  # nothing stored: compiled and stored below
+            _require_safe(folder, os.stat(folder))
+            _require_safe(path, st)
+            try:
+                with open(path, "rb") as f:
+                    bucket.load_bytecode(f)  # (a stale checksum or Python version leaves it empty)
+            except Exception:  # a truncated or corrupt entry: compiled again and replaced
+                bucket.reset()
+
+        def dump_bytecode(self, bucket) -> None:
+            with contextlib.suppress(OSError, CacheError):
+                root, folder = self._folder()
+                dmode, fmode = _modes(os.stat(root))
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(folder, dmode)
+                atomic_write(folder / f"{bucket.key}.jbc", bucket.bytecode_to_string(), fmode)
+
+    return TemplateCodeCache()

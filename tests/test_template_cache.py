@@ -1,0 +1,78 @@
+"""Jinja2's compiled templates kept in the compile cache (asp_gmm/template_cache.py): a second process
+(here: a second environment) loads them instead of compiling; an entry another user could have
+written is refused like a binary; a corrupt entry is compiled again and replaced."""
+
+import os
+import stat
+
+import jinja2
+import pytest
+
+from asp_gmm import registry
+from asp_gmm.errors import UnsafeCacheError
+from asp_gmm.template_cache import FOLDER, template_code_cache
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache" / FOLDER
+
+
+def _env(tmp_path):
+    if not (tmp_path / "t.j2").exists():
+        (tmp_path / "t.j2").write_text("{% for i in range(n) %}{{ i }},{% endfor %}")
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(tmp_path)), bytecode_cache=template_code_cache())
+
+
+def _compiles(env, monkeypatch):
+    """How many times ``env`` compiles a template into Python while loading t.j2."""
+    calls = []
+    real = env.compile
+    monkeypatch.setattr(env, "compile", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert env.get_template("t.j2").render(n=3) == "0,1,2,"
+    return len(calls)
+
+
+def test_a_second_process_loads_the_compiled_template(folder, tmp_path, monkeypatch):
+    assert _compiles(_env(tmp_path), monkeypatch) == 1
+    entries = list(folder.iterdir())
+    assert len(entries) == 1 and stat.S_IMODE(entries[0].stat().st_mode) & 0o077 == 0
+    assert _compiles(_env(tmp_path), monkeypatch) == 0  # loaded, not compiled
+    # the template changed: its checksum no longer matches, compiled again
+    (tmp_path / "t.j2").write_text("{{ n }}!")
+    env = _env(tmp_path)
+    assert env.get_template("t.j2").render(n=3) == "3!"
+
+
+def test_an_entry_others_can_write_is_refused(folder, tmp_path, monkeypatch):
+    _compiles(_env(tmp_path), monkeypatch)
+    (entry,) = folder.iterdir()
+    os.chmod(entry, 0o666)
+    with pytest.raises(UnsafeCacheError, match="writable by group and others"):
+        _env(tmp_path).get_template("t.j2")
+
+
+def test_a_corrupt_entry_is_compiled_again_and_replaced(folder, tmp_path, monkeypatch):
+    _compiles(_env(tmp_path), monkeypatch)
+    (entry,) = folder.iterdir()
+    good = entry.read_bytes()
+    entry.write_bytes(good[: len(good) // 2])  # truncated
+    assert _compiles(_env(tmp_path), monkeypatch) == 1
+    assert entry.read_bytes() == good
+    assert _compiles(_env(tmp_path), monkeypatch) == 0
+
+
+def test_the_variants_render_the_same_through_the_cache(folder):
+    from asp_gmm.backends.cuda.compile import render_source
+    from asp_gmm.problem import Problem
+
+    p = Problem(1000, 19, 16, "diag", "float32")
+    vs = [v for v in registry.variants("cuda") if v.template][:4]
+    first = [render_source(v, v.default_tunables(), p) for v in vs]
+    registry._environment.cache_clear()  # a new environment: the templates come from the cache
+    try:
+        assert [render_source(v, v.default_tunables(), p) for v in vs] == first
+    finally:
+        registry._environment.cache_clear()
+    assert any(folder.iterdir())
