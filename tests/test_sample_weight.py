@@ -265,3 +265,28 @@ def test_c_core_takes_the_weights(rng, cvtype, dtype):
             assert plain.n == N and plain.nk.sum() == pytest.approx(N, rel=1e-5)
         finally:
             runner.close()
+
+
+def test_the_weighted_random_pick_follows_successive_sampling():
+    """seed.event_index with weights and a seed draws M distinct events one after another, each with
+    probability proportional to its weight among those left: the frequencies of the ordered pairs of
+    4 events (weights 0, 1, 2, 5, and one more group boundary crossed) against the exact law (a
+    uniform or an unrenormalised pick is off by 0.1-0.25), and distinct weighted events of a million."""
+    from asp_gmm.fit import seed
+
+    w = np.zeros(2051)
+    w[[3, 1500, 2050]] = [1.0, 2.0, 5.0]  # three groups of 1024 events, most of them weight 0
+    W = w.sum()
+    counts = {}
+    for s in range(6000):
+        got = tuple(seed.event_index(len(w), 2, s, w))
+        assert len(set(got)) == 2 and all(w[i] > 0 for i in got)
+        counts[got] = counts.get(got, 0) + 1
+    for a, b in [(3, 1500), (3, 2050), (1500, 2050)]:
+        exact = w[a] / W * w[b] / (W - w[a]) + w[b] / W * w[a] / (W - w[b])
+        assert counts.get((a, b), 0) / 6000 == pytest.approx(exact, abs=0.02), (a, b)
+    rng = np.random.default_rng(0)
+    big = rng.uniform(0, 2, 1_000_000)
+    big[rng.random(big.size) < 0.1] = 0.0
+    idx = seed.event_index(big.size, 64, 7, big)
+    assert len(np.unique(idx)) == 64 and (big[idx] > 0).all()

@@ -48,13 +48,48 @@ def event_index(n: int, M: int, rng_seed=None, weights=None) -> np.ndarray:
         return np.sort(np.random.default_rng(rng_seed).choice(n, M, replace=False))
     w = np.asarray(weights, np.float64)
     if rng_seed is not None:
-        return np.sort(np.random.default_rng(rng_seed).choice(n, M, replace=False, p=w / w.sum()))
+        return np.sort(_weighted_draw(w, M, np.random.default_rng(rng_seed)))
     cum = np.cumsum(w)
     total = cum[-1]
     # the event a repetition of the rows puts at position floor(k W / M): the first whose cumulative
     # weight exceeds it (zero-weight events never do)
     targets = np.floor(np.arange(M) * total / M)
     return np.searchsorted(cum, targets, side="right")
+
+
+#: Events per group of :func:`_weighted_draw`'s two-level search
+_DRAW_GROUP = 1024
+
+
+def _weighted_draw(w: np.ndarray, M: int, rng) -> np.ndarray:
+    """M distinct indices drawn one after another, each with probability proportional to its weight
+    among those not drawn yet (successive sampling: the law of ``Generator.choice(n, M,
+    replace=False, p=w / w.sum())``, whose search over every event per draw took 13 ms at a million
+    events). Two levels: the weight sums of groups of :data:`_DRAW_GROUP` events, then the events of
+    the group drawn; a drawn event's weight leaves its group's sum. ``w`` (n,) >= 0 with at least M
+    positive values."""
+    n, G = w.shape[0], _DRAW_GROUP
+    pad = np.zeros(-(-n // G) * G)
+    pad[:n] = w
+    groups = pad.reshape(-1, G)
+    gsum = groups.sum(axis=1)
+    out = np.empty(M, np.int64)
+    for k in range(M):
+        cum = np.cumsum(gsum)
+        u = rng.random() * cum[-1]
+        g = min(int(np.searchsorted(cum, u, side="right")), len(cum) - 1)
+        if gsum[g] <= 0.0:  # (rounding at a group boundary: the nearest group that has weight)
+            pos = np.flatnonzero(gsum > 0.0)
+            g = int(pos[np.argmin(np.abs(pos - g))])
+        inner = np.cumsum(groups[g])
+        r = min(max(u - (cum[g] - gsum[g]), 0.0), inner[-1])
+        i = min(int(np.searchsorted(inner, r, side="right")), G - 1)
+        while groups[g, i] <= 0.0:  # (r at the group's end: its last event that has weight)
+            i -= 1
+        out[k] = g * G + i
+        groups[g, i] = 0.0  # (a copy: the caller's weights are untouched)
+        gsum[g] = groups[g].sum()
+    return out
 
 
 def moments_from_sums(n, s1, s2, cvtype: str):
