@@ -237,9 +237,10 @@ class GMM:
             Non-negative weight of each event: an event of integer weight ``k`` counts as ``k``
             copies of it (the same model as repeating the rows), weight 0 as a dropped event. For a
             streamed X: an (N,) array or memmap, or a callable returning a new iterable of (n_i,)
-            weight chunks aligned with X's chunks. Weighted fits run the pass loop
-            (:mod:`asp_gmm.fit.passes`): the backend's E-step gives the posteriors, the weights are
-            folded into them and the sums are taken in float64.
+            weight chunks aligned with X's chunks. The weights are folded into the posteriors of
+            every E-step: on CUDA in the session's own loop (in-memory X: the weights kept on the
+            device), else by the pass loop (:mod:`asp_gmm.fit.passes`) through the backend's
+            E-step (the C and CUDA kernels take them; the sums are added in float64).
 
         Returns
         -------
