@@ -20,7 +20,8 @@ import numpy as np
 from .. import cuda_arrays, streaming
 from ..errors import NonFiniteError, from_reference
 from ..problem import CVTYPES, KERNEL_CVTYPE, Problem, per_component
-from ..reference import NotPositiveDefiniteError, precision_cholesky
+from ..reference import NotPositiveDefiniteError, change_per_event, precision_cholesky
+from ..reference import converged as converged_rule
 from ._result import (
     DaskFitResult,
     DaskInputError,
@@ -476,8 +477,8 @@ def _em(
         trace.append(st.loglik)
         if callback is not None:
             callback(iters, st.loglik)
-        change, ll = (st.loglik - ll) / total, st.loglik
-        if iters >= min_iters and abs(change) < tol:
+        change, ll = change_per_event(st.loglik, ll, total), st.loglik
+        if converged_rule(iters, min_iters, change, tol):
             converged = True
             break
     first = co.summaries[0] if co.summaries else {}
