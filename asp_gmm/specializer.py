@@ -104,16 +104,15 @@ class Specializer:
             return [c for c in hit if c.variant.takes_weights]
         return list(hit)
 
-    def _weights_in_session(self, X, problem: Problem, sample_weight, variant) -> bool:
+    def _weights_in_session(self, problem: Problem, sample_weight, variant) -> bool:
         """Whether a weighted fit of ``X`` runs in the backend's own session (its kernels fold the
-        weights into the posteriors, :meth:`asp_gmm.backends.base.Session.set_sample_weight`): an
-        in-memory X within the device budget, weights as an (N,) array, and a candidate variant that
-        takes them. Otherwise the pass loop runs it (:mod:`asp_gmm.fit.passes`)."""
+        weights into the posteriors, :meth:`asp_gmm.backends.base.Session.set_sample_weight`) for an
+        in-memory X within the device budget (the caller's check): weights as an (N,) array, and a
+        candidate variant that takes them. Otherwise the pass loop runs it (:mod:`asp_gmm.fit.passes`)."""
         return (
             getattr(self.backend, "weights_in_session", False)
             and isinstance(sample_weight, np.ndarray)
             and sample_weight.shape == (problem.N,)
-            and not sources.wants_stream(X, self.backend, problem)
             and bool(self.candidates(problem, variant, weighted=True))
         )
 
@@ -167,8 +166,11 @@ class Specializer:
         for a chunk source, an X beyond the device budget or a weighted fit (``sample_weight``,
         checked by the caller) that the backend's session cannot weigh itself, else the backend's
         compiled loop with the policy's plan (weighted: among the variants that take the weights)."""
-        weighed = sample_weight is not None and self._weights_in_session(X, problem, sample_weight, variant)
-        if (sample_weight is not None and not weighed) or sources.wants_stream(X, self.backend, problem):
+        streamed = sources.wants_stream(X, self.backend, problem)
+        weighed = (
+            sample_weight is not None and not streamed and self._weights_in_session(problem, sample_weight, variant)
+        )
+        if streamed or (sample_weight is not None and not weighed):
             return passes.em(
                 self,
                 X,
