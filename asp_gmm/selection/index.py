@@ -62,6 +62,10 @@ class _Index:
         self._spread: dict = {}  # (cvtype, dtype) -> (rows consumed, widest ratio in a class)
         self.searched: dict = {}  # (class key, measured configurations) -> search proposals
         self.options: dict = {}  # (class key, number measured, candidates) -> [(Config, VariantKey)]
+        #: class key -> scores(class key), dropped when a row of the class comes in (the selection
+        #: walks every class of a cvtype nearest first on each call: recomputed, that walk was
+        #: most of a small batched call's planning)
+        self._scores: dict = {}
 
     def update(self):
         rows = self.view.rows
@@ -73,6 +77,7 @@ class _Index:
                     continue
                 of = getattr(r, "sampled_from", None)
                 ck = (r.cvtype, r.dtype, r.D, r.M, round(2 * math.log2(max(of or r.N, 1))))
+                self._scores.pop(ck, None)
                 table = self.sampled if of else self.classes
                 per = table.get(ck)
                 if per is None:
@@ -103,7 +108,10 @@ class _Index:
     def scores(self, ck) -> dict:
         """{VariantKey: seconds per event} in class ``ck``: the whole-data median where there is one,
         else the sampled median scaled by the class's calibration (median ratio whole/sampled of
-        the configurations measured both ways; 1 when none is)."""
+        the configurations measured both ways; 1 when none is). Shared: read, never change it."""
+        got = self._scores.get(ck)
+        if got is not None:
+            return got
         full = self.classes.get(ck, {})
         samp = self.sampled.get(ck, {})
         out = {vk: a.median for vk, a in full.items()}
@@ -113,6 +121,7 @@ class _Index:
             for vk, a in samp.items():
                 if vk not in out:
                     out[vk] = a.median * cal
+        self._scores[ck] = out
         return out
 
     def failed(self, vk, problem: Problem) -> bool:
