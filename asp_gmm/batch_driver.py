@@ -216,7 +216,7 @@ class BatchSpecializer:
             return out
         plan = self.policy.choose(view, bp, cands, tuning=False)
         kernel = view.support.kernel(plan.primary.variant, plan.primary.params, bp)
-        session = view.support.open(Xs, problems, kernel)
+        session = view.support.open_scoring(Xs, problems, kernel)
         try:
             bad = session.set_params(params, reg_covars)
             skip = {b for b, e in enumerate(bad) if e is not None}

@@ -43,11 +43,13 @@ def _close(a, b, tol, what):
     np.testing.assert_allclose(a, b, rtol=tol["rtol"], atol=tol["atol"] * s, err_msg=what)
 
 
-@pytest.mark.parametrize("backend", ["c", "c:CBE", "numpy"])
+@pytest.mark.parametrize("backend", ["c", "c:CBE", "c:CBF", "numpy"])
 @pytest.mark.parametrize("cvtype", ["full", "diag"])
 @pytest.mark.parametrize("D", [7, 1])
 def test_batch_equals_one_by_one_float64(backend, cvtype, D, rng):
     backend, _, variant = backend.partition(":")
+    if variant == "CBF" and cvtype == "full":
+        pytest.skip("CBF computes diagonal covariances only (its manifest's cvtypes)")
     data, params = _batch(rng, D, cvtype, np.float64)
     alone = _models(params, D, cvtype, np.float64, backend)
     lone = [g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0) for g, X in zip(alone, data)]
@@ -65,9 +67,11 @@ def test_batch_equals_one_by_one_float64(backend, cvtype, D, rng):
         assert many[0].last_variant.startswith(variant or "CB")
 
 
-@pytest.mark.parametrize("variant", ["CB", "CBE"])
+@pytest.mark.parametrize("variant", ["CB", "CBE", "CBF"])
 @pytest.mark.parametrize("cvtype", ["full", "diag"])
 def test_batch_float32_against_reference(cvtype, variant, rng):
+    if variant == "CBF" and cvtype == "full":
+        pytest.skip("CBF computes diagonal covariances only (its manifest's cvtypes)")
     D = 5
     data, params = _batch(rng, D, cvtype, np.float32)
     many = _models(params, D, cvtype, np.float32, "c")
@@ -179,6 +183,25 @@ def test_score_many(backend, rng):
         np.testing.assert_allclose(s, g.score(X), rtol=1e-6, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+def test_score_many_shared_data_against_reference(cvtype, dtype, rng):
+    """One array scored by every model (packed once on the C backend) gives the float64
+    reference's per-event log-likelihoods, the same values as each model scoring its own copy,
+    odd D, N not a tile multiple, M = 1 and X + 1000 included."""
+    D = 7
+    data, params = _batch(rng, D, cvtype, dtype)
+    models = _models(params, D, cvtype, dtype, "c")
+    X = data[2] + dtype(1000.0) if dtype == np.float64 else data[2]
+    shared = score_many(models, X)
+    copies = score_many(models, [X.copy() for _ in models])
+    rtol = 1e-10 if dtype == np.float64 else 1e-5
+    for b, (s, c, (w, mu, cv)) in enumerate(zip(shared, copies, params)):
+        np.testing.assert_array_equal(s, c, err_msg=f"member {b}")
+        want = ref.estep(X.astype(np.float64), w, mu, cv, cvtype, 0.0)[0]
+        np.testing.assert_allclose(s, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=f"member {b}")
+
+
 def test_bic_many_equals_pairs(rng):
     D = 5
     data, params = _batch(rng, D, "diag", np.float64)
@@ -211,7 +234,7 @@ def test_batch_limits_are_data():
 
 def test_batch_history_records_and_exploits(tmp_path, rng):
     """The batch is timed under its batched configurations and class (the events of all members,
-    the largest M): both batched variants are explored, one whole call each."""
+    the largest M): every batched variant of a diagonal batch is explored, one whole call each."""
     from asp_gmm.selection import HistorySelector
     from asp_gmm.specializer import Specializer
     from asp_gmm.tuning_db import History
@@ -222,19 +245,19 @@ def test_batch_history_records_and_exploits(tmp_path, rng):
         D = 4
         data, params = _batch(rng, D, "diag", np.float32)
         ran = set()
-        for _ in range(6):  # both batched variants are explored (whole calls), compiled in the background
+        for _ in range(9):  # every batched variant is explored (whole calls), compiled in the background
             many = _models(params, D, "diag", np.float32, "c")
             many[0]._specializer = spec  # the batch runs with the first model's policy
             train_many(many, data, min_em_iters=2, max_em_iters=2)
             ran.add(many[0].last_variant.split("(")[0])
             spec.backend.wait_background(120)
-            if ran == {"CB", "CBE"}:
+            if ran == {"CB", "CBE", "CBF"}:
                 break
-        assert ran == {"CB", "CBE"}
+        assert ran == {"CB", "CBE", "CBF"}
         rows = h.rows()
         assert {r["N"] if isinstance(r, dict) else getattr(r, "N") for r in rows} == {sum(len(X) for X in data)}
         text = " ".join(map(str, rows))
-        assert "CBE" in text and "CB" in text
+        assert "CBE" in text and "CBF" in text and "CB" in text
     finally:
         h.close()
 
@@ -267,3 +290,24 @@ def test_tied_and_spherical_run_one_by_one(cvtype, rng):
     for g, h, a, b in zip(alone, many, lone, ll):
         np.testing.assert_allclose(h.covars, g.covars, rtol=1e-12, atol=1e-12)
         assert a == pytest.approx(b, rel=1e-12)
+
+
+def test_fused_batch_redoes_far_moves_in_two_passes(rng):
+    """CBF takes the diagonal sums from moments around the E-step's means; a first M-step that moves
+    the means by ~100 standard deviations would cancel float32 digits there (~1e-3 relative), so the
+    core must redo that step in two passes: the fit still meets the float64 reference."""
+    D = 6
+    data, params = [], []
+    for b, (N, M) in enumerate(MEMBERS):
+        X = make_blobs(rng, N, D, min(M, 4), offset=1000.0 if b % 2 == 0 else 0.0, dtype=np.float32)
+        w, mu, cv = init_params(rng, X, M, "diag")
+        mu = mu + 100.0 * np.sqrt(X.astype(np.float64).var(axis=0) + 1e-3)  # far from every event
+        data.append(X)
+        params.append((w, mu, cv * 1e4))
+    many = _models(params, D, "diag", np.float32, "c")
+    train_many(many, data, min_em_iters=3, max_em_iters=3, tol=0.0, variant="CBF")
+    assert many[0].last_variant.startswith("CBF(")
+    for b, (g, X, (w, mu, cv)) in enumerate(zip(many, data, params)):
+        r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 3, 3, 0.0)
+        _close(g.covars, r["covars"], TOL["float32"], f"member {b} covars")
+        _close(g.means, r["means"], TOL["float32"], f"member {b} means")

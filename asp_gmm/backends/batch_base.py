@@ -98,6 +98,11 @@ class BatchSupport(abc.ABC):
     def open(self, Xs: list, problems: list, kernel: Kernel) -> BatchSession:
         """A session over the members' data ``Xs`` (each ``(N_b, D)``) of ``problems``."""
 
+    def open_scoring(self, Xs: list, problems: list, kernel: Kernel) -> BatchSession:
+        """A session that only sets parameters and scores (no ``em``); members may share one data
+        array (``Xs[a] is Xs[b]``), which a backend may then hold once. By default :meth:`open`."""
+        return self.open(Xs, problems, kernel)
+
 
 class LoopBatchSession(BatchSession):
     """One ordinary session per member, run in turn with ``kernel`` (a covariance kernel of the

@@ -31,6 +31,9 @@ void asp_batch_em(asp_state **st, int nb, int nthreads, int min_iters, int max_i
                   const double *reg, int *rc, double *ll, int *iters, int *conv, double *trace, double *seconds);
 void asp_batch_estep(asp_state **st, int nb, int nthreads, int *rc, double *ll);
 void asp_batch_set_params(asp_state **st, int nb, int nthreads, const double *reg, int *rc);
+void asp_batch_pack(const void *X, int64_t n, int d, void *xt);
+void asp_batch_score(asp_state **st, int nb, int nthreads, const void **xts, const int64_t *ns, void **outs,
+                     int *rc, double *ll);
 """
 )
 
@@ -87,7 +90,7 @@ class CBatchSupport(BatchSupport):
                 command = lambda s, out: cc + cbackend.FLAGS + ["-o", out, s, "-lm"]  # noqa: E731
                 path = cache.build(src, ".so", command, bkey, name)
                 lib = ffi.dlopen(str(path))
-                if lib.asp_abi() != 4 or lib.asp_batch_abi() != 2:
+                if lib.asp_abi() != 4 or lib.asp_batch_abi() != 3:
                     raise KernelError("C batch library ABI mismatch; clear the cache folder")
                 k = self._libs[key] = Kernel(variant, tun, handle=lib, binary=str(path))
         return k
@@ -95,12 +98,15 @@ class CBatchSupport(BatchSupport):
     def open(self, Xs, problems, kernel):
         return CBatchSession(kernel.handle, Xs, problems)
 
+    def open_scoring(self, Xs, problems, kernel):
+        return CBatchScoring(kernel.handle, Xs, problems)
+
 
 class CBatchSession(BatchSession):
     """Every member's data packed into its own core state of the batch library; parameters
     shared with C through NumPy arrays, one set per member."""
 
-    def __init__(self, lib, Xs, problems):
+    def __init__(self, lib, Xs, problems, scoring=False):
         self._lib, self.problems = lib, list(problems)
         tile = lib.asp_tile()
         self._keep, self._states = [], []
@@ -109,6 +115,8 @@ class CBatchSession(BatchSession):
         self.order = np.argsort([-(p.N * p.M) for p in problems], kind="stable")
         try:
             for X, p in zip(Xs, problems):
+                if scoring:  # the state holds parameters and scratch only: one event (CBatchScoring)
+                    X, p = X[:1], Problem(1, p.D, p.M, p.cvtype, p.dtype)
                 ntiles, dp = -(-p.N // tile), p.D + (p.D & 1)
                 dt = p.np_dtype
                 xt = np.empty((ntiles, dp, tile), dt)
@@ -245,6 +253,60 @@ class CBatchSession(BatchSession):
         out = [None] * nb
         for j, b in enumerate(live):
             out[b] = self._error(b, int(rc[j]), 0.0) if rc[j] else self._logprob[b][: self.problems[b].N].copy()
+        return out
+
+
+class CBatchScoring(CBatchSession):
+    """Scoring only (``set_params``, ``score``): each distinct data array is packed once, however
+    many members score it (a recording's frames under every cluster's model), and the members'
+    states hold their parameters on one event each. ``em`` is not available."""
+
+    def __init__(self, lib, Xs, problems):
+        super().__init__(lib, Xs, problems, scoring=True)
+        tile = lib.asp_tile()
+        packed: dict = {}  # id(X) -> (X, its tiles)
+        self._xts, self._out = [], []
+        for X, p in zip(Xs, problems):
+            got = packed.get(id(X))
+            if got is None or got[0] is not X:
+                xt = np.empty((-(-p.N // tile), p.D + (p.D & 1), tile), p.np_dtype)
+                lib.asp_batch_pack(ffi.from_buffer(X), p.N, p.D, ffi.from_buffer(xt))
+                got = packed[id(X)] = (X, xt)
+            self._xts.append(got[1])
+            self._out.append(np.empty(p.N, p.np_dtype))
+
+    def em(self, **kw):
+        raise TypeError("a scoring session does not train; open the batch with open()")
+
+    def params(self, b):
+        raise TypeError("a scoring session does not train; open the batch with open()")
+
+    def score(self, skip=()):
+        nb = len(self.problems)
+        live = [b for b in self.order if b not in skip]
+        n = max(len(live), 1)
+        ptrs = ffi.new("asp_state *[]", [self._states[b] for b in live] or [ffi.NULL])
+        xts = ffi.new("const void *[]", [ffi.from_buffer(self._xts[b]) for b in live] or [ffi.NULL])
+        outs = ffi.new("void *[]", [ffi.from_buffer(self._out[b]) for b in live] or [ffi.NULL])
+        ns = np.array([self.problems[b].N for b in live] or [0], np.int64)
+        rc, ll = np.zeros(n, np.intc), np.zeros(n)
+
+        def run(j0, j1):
+            self._lib.asp_batch_score(
+                ptrs + j0,
+                j1 - j0,
+                1,
+                xts + j0,
+                ffi.cast("int64_t *", ffi.from_buffer(ns)) + j0,
+                outs + j0,
+                _iptr(rc[j0:j1]),
+                _dptr(ll[j0:j1]),
+            )
+
+        self._spread(run, [self.problems[b] for b in live])
+        out = [None] * nb
+        for j, b in enumerate(live):
+            out[b] = self._error(b, int(rc[j]), 0.0) if rc[j] else self._out[b]
         return out
 
 
