@@ -179,9 +179,10 @@ class BatchSpecializer:
         view = batch_support(self.backend)
         if view is None:
             return 0
-        hist = getattr(self.policy.selector, "history", None)
-        if callable(hist):
-            hist()  # the history is read once per process: here rather than in the first call
+        # the history is read once per process: here rather than in the first call
+        warm = getattr(self.policy.selector, "warm", None)  # a selector need not subclass Selector
+        if warm is not None:
+            warm(view, batches)
         ready = 0
         for bp in batches:
             for cfg in self.candidates(view, bp):

@@ -376,6 +376,7 @@ class Specializer:
         """:meth:`prepare` for several problems, every compile started at once on the background
         pool (one thread per core) and then waited for; returns the configurations ready in all."""
         sel = self.policy
+        problems = list(problems)
         jobs = []
         for p in problems:
             jobs.append((None, p, self.backend.prepare_async(p)))
@@ -395,6 +396,9 @@ class Specializer:
                 log.warning("asp_gmm: variant %s did not compile; it is recorded and not retried.\n%s", cfg.label, exc)
                 continue
             ready += self._kernel(cfg, p, sel) is not None
+        warm = getattr(sel.selector, "warm", None)  # a selector need not subclass Selector
+        if warm is not None:
+            warm(self.backend, problems)
         return ready
 
     def _kernel(self, cfg: Config, problem: Problem, sel, reraise: bool = False):

@@ -15,7 +15,7 @@ import pytest
 from asp_gmm import selection
 from asp_gmm.selection import costmodel, search
 from asp_gmm.problem import Problem
-from asp_gmm.selection import Config, HistorySelector, Policy
+from asp_gmm.selection import Config, HistorySelector, Policy, RuleSelector
 from asp_gmm.specializer import BANK_CALLS, Specializer
 from asp_gmm.tuning_db import History
 from conftest import make_blobs
@@ -360,3 +360,29 @@ def test_an_unseen_shape_runs_the_tunables_its_nearest_classes_prefer(tmp_path, 
     want = "V3(chunk=8)" if classes_with_tuned >= 2 else "V3(chunk=4)"
     assert plan.primary.label == want, plan.why
     h.close()
+
+
+def test_warm_reads_the_rows_and_fits_the_predictor_before_the_first_plan(rules):
+    """prepare's hook does the first plan's one-time work: the device's rows folded into the index
+    and the predictor of each (cvtype, dtype) asked for fitted; a plan afterwards adds nothing."""
+    sel, be, h = rules
+    p = Problem(100000, 8, 16, "diag", "float32")
+    sel.warm(be, [p, Problem(5000, 3, 2, "diag", "float32")])
+    idx = sel.index(be)
+    assert idx.consumed == len(h.view(be.device_id).rows) > 0
+    assert set(idx._predictor) == {("diag", "float32")}
+    fitted = idx._predictor[("diag", "float32")]
+    sel.plan(be, p, cands(p))
+    assert idx._predictor[("diag", "float32")] is fitted
+    RuleSelector().warm(be, [p])  # the rule has nothing to warm
+
+
+def test_warm_on_a_broken_history_disables_it_and_does_not_raise(rules, monkeypatch):
+    sel, be, h = rules
+
+    def broken(*a, **k):
+        raise RuntimeError("disk gone")
+
+    monkeypatch.setattr(h, "view", broken)
+    sel.warm(be, [Problem(1000, 3, 2)])
+    assert h._asp_gmm_warned is True  # warned once; calls go on without the history

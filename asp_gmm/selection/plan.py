@@ -135,6 +135,11 @@ class Selector:
         """Called by the policy it is given to, with the specializer's runtime (a selector that reads
         the runtime's shared history takes it from here)."""
 
+    def warm(self, backend, problems) -> None:
+        """Called by ``prepare``: do now the one-time work that the first :meth:`plan` of these
+        problems would do (a history selector reads the device's rows and fits its predictors).
+        The rule has none."""
+
 
 def rule_order(backend, candidates: list) -> list:
     """``candidates`` sorted by the backend's preference list (unlisted ones last, stable)."""
