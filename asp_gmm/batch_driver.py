@@ -21,6 +21,8 @@ import threading
 import time
 import weakref
 
+import numpy as np
+
 from . import selection
 from .backends.batch_base import check_problems
 from .errors import CompileError, KernelError
@@ -32,6 +34,14 @@ log = logging.getLogger("asp_gmm")
 
 _SUPPORT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+
+
+def _joined(X):
+    """A member given as parts (``X.parts``, e.g. :class:`asp_gmm.Concat`) as one array."""
+    parts = getattr(X, "parts", None)
+    if parts is None:
+        return X
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
 def batch_support(backend):
@@ -117,6 +127,8 @@ class BatchSpecializer:
         view = batch_support(self.backend)
         bp = BatchProblem.of(problems)
         cands = self.candidates(view, bp, variant) if (view is not None or variant) else []
+        if not (cands and view is not None and view.support.takes_parts):
+            Xs = [_joined(X) for X in Xs]
         if not cands:
             return self._one_by_one(Xs, params, problems, reg_covars, min_iters, max_iters, tol)
         t_start = time.perf_counter()

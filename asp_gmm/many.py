@@ -26,7 +26,45 @@ from .errors import BatchMemberError
 from .fit.data import Data
 from .gmm import GMM, check_data, merged_model
 
-__all__ = ["train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
+__all__ = ["Concat", "train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
+
+
+class Concat:
+    """The rows of several arrays, in order, as one member's data set of :func:`train_many` or
+    :func:`compute_distance_BIC_many` (e.g. the frames of two clusters for their merged model).
+
+    Where the backend can, no concatenated copy is made on the host: the CUDA backend uploads each
+    distinct array once per call (an array in several members' Concats is uploaded once) and
+    assembles every member's rows on the device; the other backends concatenate. The result is that
+    of the concatenated array. Each distinct array is checked once per call.
+
+    Parameters
+    ----------
+    *parts : array (N_i, D)
+        One or more arrays of the model's D.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, *parts):
+        if not parts:
+            raise ValueError("Concat() needs at least one array")
+        self.parts = tuple(parts)
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    @property
+    def shape(self) -> tuple:
+        """``(sum of the parts' N, D)`` (D of the first part)."""
+        return (len(self), np.shape(self.parts[0])[1] if np.ndim(self.parts[0]) == 2 else 0)
+
+    def concatenate(self) -> np.ndarray:
+        """One array of all the rows (the first part itself when there is one)."""
+        return self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
+
+    def __repr__(self) -> str:
+        return f"Concat({', '.join(f'<{np.shape(p)}>' for p in self.parts)})"
 
 
 def _check_iters(min_em_iters, max_em_iters, tol, what: str):
@@ -69,6 +107,20 @@ def _host(X, g: GMM, b: int, method: str, min_events: int):
     return check_data(X, g.D, g.dtype, min_events, name=f"datasets[{b}]", method=method)
 
 
+def _concat(X: Concat, g: GMM, b: int, seen: dict) -> Concat:
+    """Member ``b``'s Concat with every part checked (each distinct array once per call)."""
+    parts = []
+    for j, part in enumerate(X.parts):
+        got = seen.get(id(part))
+        if got is None or got[0] is not part:
+            try:
+                got = seen[id(part)] = (part, _host(part, g, b, "train", 1))
+            except ValueError as exc:
+                raise ValueError(f"{exc} (part {j} of its Concat)") from None
+        parts.append(got[1])
+    return Concat(*parts)
+
+
 def _members(datasets, models):
     """``(list of the members' data, checked)``: a 3-D float array (B, N, D) of the models' dtype
     and D, all finite, is checked in one pass here (``checked``: its rows need only the N >= M
@@ -103,9 +155,10 @@ def train_many(
     models : sequence of GMM
         Models of one D, cvtype, dtype and backend; M may differ. Each is seeded (first call) or
         warm-started exactly as :meth:`GMM.train` would do it.
-    datasets : sequence of array (N_b, D), or one array (B, N, D)
+    datasets : sequence of array (N_b, D) or of :class:`Concat`, or one array (B, N, D)
         ``datasets[b]`` trains ``models[b]``; each its own N_b (at least M_b events). One 3-D
-        array (members of equal N) is checked in one pass.
+        array (members of equal N) is checked in one pass; a :class:`Concat` member is the rows
+        of its parts (each distinct part checked once per call).
     min_em_iters, max_em_iters, tol
         As in :meth:`GMM.train`, for every member.
     variant : str, optional
@@ -133,16 +186,19 @@ def train_many(
     if not models:
         return []
     errors, ok, Xs = {}, [], []
+    seen: dict = {}  # id(part) -> (part, checked part): an array in several members is checked once
     for b, (g, X) in enumerate(zip(models, datasets)):
         try:
-            if not checked:
+            if isinstance(X, Concat):
+                X = _concat(X, g, b, seen)
+            elif not checked:
                 X = _host(X, g, b, "train", g.M)
-            elif X.shape[0] < g.M:
+            if X.shape[0] < g.M:
                 raise ValueError(
                     f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
                     "use fewer components or more data"
                 )
-            g._seed(Data("host", X, X.shape[0]))
+            g._seed(Data("host", X.concatenate() if isinstance(X, Concat) and g.means is None else X, X.shape[0]))
         except (ValueError, TypeError) as exc:
             errors[b] = exc
             continue
@@ -252,8 +308,9 @@ def compute_distance_BIC_many(
     pairs : sequence of (GMM, GMM)
         Trained models; each pair's L(gmm_i) and event counts are those of their last ``train``
         (as ``compute_distance_BIC`` without X1, X2).
-    datasets : sequence of array (N_b, D)
-        Each pair's merged data (normally the union of both clusters' frames).
+    datasets : sequence of array (N_b, D) or of :class:`Concat`
+        Each pair's merged data (normally the union of both clusters' frames: ``Concat(X1, X2)``
+        makes no concatenated copy where the backend can avoid it).
     min_em_iters, max_em_iters, tol
         As in :meth:`GMM.train` for the merged models.
 

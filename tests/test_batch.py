@@ -311,3 +311,46 @@ def test_fused_batch_redoes_far_moves_in_two_passes(rng):
         r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 3, 3, 0.0)
         _close(g.covars, r["covars"], TOL["float32"], f"member {b} covars")
         _close(g.means, r["means"], TOL["float32"], f"member {b} means")
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_concat_members_equal_concatenated_arrays(backend, rng):
+    """A member given as Concat(parts) trains as the parts concatenated (its N the sum), a part
+    shared by several members included; compute_distance_BIC_many takes them too."""
+    from asp_gmm import Concat
+
+    D = 5
+    parts = [make_blobs(rng, n, D, 2, offset=1000.0 * (k % 2), dtype=np.float64) for k, n in enumerate([40, 517, 9])]
+    members = [(0, 1), (1, 2), (2,), (0, 1, 2)]
+    joined = [np.concatenate([parts[i] for i in m]) for m in members]
+    params = [init_params(rng, X, 2, "diag") for X in joined]
+    a = _models(params, D, "diag", np.float64, backend)
+    la = train_many(a, [Concat(*[parts[i] for i in m]) for m in members], 2, 2, tol=0.0)
+    b = _models(params, D, "diag", np.float64, backend)
+    lb = train_many(b, joined, 2, 2, tol=0.0)
+    assert la == lb
+    for g, h, X in zip(a, b, joined):
+        np.testing.assert_array_equal(g.covars, h.covars)
+        assert g.n_events == len(X)
+    got = compute_distance_BIC_many([(a[0], a[1])], [Concat(parts[0], parts[1])], min_em_iters=2, max_em_iters=2)
+    want = compute_distance_BIC_many([(a[0], a[1])], [joined[0]], min_em_iters=2, max_em_iters=2)
+    assert got[0][1] == want[0][1]
+
+
+def test_concat_member_with_a_bad_part_is_named_and_the_others_train(rng):
+    from asp_gmm import Concat
+
+    D = 3
+    good = make_blobs(rng, 200, D, 2)
+    bad = good.copy()
+    bad[7, 1] = np.nan
+    ms = [GMM(2, D, backend="c", seed=0) for _ in range(3)]
+    with pytest.raises(BatchMemberError) as info:
+        train_many(ms, [Concat(good, good), Concat(good, bad), good], 2, 2)
+    assert set(info.value.errors) == {1}
+    assert "datasets[1]" in str(info.value.errors[1]) and "part 1" in str(info.value.errors[1])
+    assert info.value.results[0] is not None and info.value.results[2] is not None
+    with pytest.raises(ValueError, match="at least one array"):
+        Concat()
+    with pytest.raises(BatchMemberError, match="fewer than the M=2"):
+        train_many([GMM(2, D, backend="c")], [Concat(good[:1])], 1, 1)

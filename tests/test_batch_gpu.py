@@ -114,3 +114,32 @@ def test_gpu_score_and_bic_many(rng):
     for (i, j), X, (_, score) in zip(pairs, Xs, got):
         _, s2 = compute_distance_BIC(models[i], models[j], X, min_em_iters=3, max_em_iters=3)
         assert score == pytest.approx(s2, rel=1e-3, abs=1e-3 * len(X))
+
+
+@pytest.mark.parametrize("cvtype", ["diag", "full"])
+def test_concat_members_assembled_on_the_device(cvtype, rng):
+    """Members given as Concat(parts) (two clusters' frames, each cluster in several pairs) are
+    assembled on the device from each distinct part uploaded once, beside plain members: every
+    result equals the same call with the parts concatenated on the host (the same rows in the same
+    order: bitwise), and meets the float64 reference."""
+    from asp_gmm import Concat
+
+    D = 7
+    clusters = [
+        make_blobs(rng, n, D, 2, offset=1000.0 if k % 2 else 0.0, dtype=np.float32)
+        for k, n in enumerate([50, 517, 129, 1003])
+    ]
+    pairs = [(0, 1), (1, 2), (2, 3), (0, 3), (3, 3)]
+    plain = make_blobs(rng, 300, D, 2, dtype=np.float32)
+    joined = [np.concatenate([clusters[i], clusters[j]]) for i, j in pairs] + [plain]
+    params = [init_params(rng, X, 3, cvtype) for X in joined]
+    many = _models(params, D, cvtype)
+    train_many(many, [Concat(clusters[i], clusters[j]) for i, j in pairs] + [plain], 3, 3, tol=0.0)
+    host = _models(params, D, cvtype)
+    train_many(host, joined, 3, 3, tol=0.0)
+    for b, (g, h, X, (w, mu, cv)) in enumerate(zip(many, host, joined, params)):
+        np.testing.assert_array_equal(g.covars, h.covars, err_msg=f"member {b}")
+        np.testing.assert_array_equal(g.means, h.means, err_msg=f"member {b}")
+        assert g.loglik == h.loglik and g.n_events == len(X)
+        rr = ref.em(X.astype(np.float64), w, mu, cv, cvtype, 1e-6, 3, 3, 0.0)
+        check_fit(g.covars, g.means, g.weights, g.loglik, rr)

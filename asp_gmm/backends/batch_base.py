@@ -77,6 +77,10 @@ class BatchSupport(abc.ABC):
 
     #: Batched variant names in the order the fixed rule prefers them (when nothing is measured).
     preference: tuple = ()
+    #: Whether :meth:`open` takes members given as parts (an object with a ``parts`` tuple of
+    #: arrays, e.g. :class:`asp_gmm.Concat`: the member is their rows in order); otherwise the
+    #: driver concatenates them first.
+    takes_parts: bool = False
 
     def __init__(self, backend: Backend):
         self.backend = backend

@@ -163,6 +163,7 @@ class Backend:
                 asp_gmm.score_many,
                 asp_gmm.compute_distance_BIC_many,
                 asp_gmm.prepare_many,
+                asp_gmm.Concat,
             )
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
@@ -202,6 +203,13 @@ class Backend:
     def bic_many(self, pairs, datas, em_iters):
         """compute_distance_BIC of every pair on its frames, the merged models trained in one call."""
         return self._many[2](pairs, datas, min_em_iters=em_iters, max_em_iters=em_iters)
+
+    def union(self, X1, X2):
+        """The frames of two clusters as one data set of a batched call: asp_gmm.Concat (the GPU
+        assembles it from each cluster's frames, uploaded once per call), else one array."""
+        if self._many is not None:
+            return self._many[4](X1, X2)
+        return np.concatenate([X1, X2])
 
     def bic(self, g1, g2, X, em_iters):
         """compute_distance_BIC on the union X of both clusters' frames. L(g1), L(g2) are the
@@ -446,7 +454,7 @@ class Clusterer:
                     "bic",
                     lambda ps: self.be.bic_many(
                         [(self.gmms[i], self.gmms[j]) for i, j in ps],
-                        [np.concatenate([self.data[i], self.data[j]]) for i, j in ps],
+                        [self.be.union(self.data[i], self.data[j]) for i, j in ps],
                         bic_iters,
                     ),
                     pairs,

@@ -44,6 +44,7 @@ class CudaBatchSupport(BatchSupport):
     tunables))."""
 
     preference = ("GB",)
+    takes_parts = True
 
     def __init__(self, backend):
         super().__init__(backend)
@@ -99,6 +100,10 @@ class CudaBatchSupport(BatchSupport):
         return CudaBatchSession(self.backend, Xs, problems, kernel)
 
 
+#: byte alignment of the buffers carved from a session's one allocation
+_ALIGN = 256
+
+
 class CudaBatchSession(BatchSession):
     """The members' events and parameters on the GPU (see the module documentation)."""
 
@@ -121,9 +126,22 @@ class CudaBatchSession(BatchSession):
         within = np.arange(self.nblocks, dtype=np.int64) - np.repeat(np.cumsum(nblk) - nblk, nblk)
         blk_first = (starts + within * T).astype(np.int32)
         self.mcount = np.array([p.M for p in problems], np.int32)
-        # members given the same array (scoring one data set under many models) share its rows
+        # members given the same array (scoring one data set under many models) share its rows; a
+        # member given as parts (asp_gmm.Concat: two clusters' frames for their merged model) gets
+        # rows of its own, copied on the device from its parts, each distinct part uploaded once
         first, parts, xoff, rows = {}, [], np.zeros(B, np.int64), 0
+        joins, src, srows = [], {}, 0  # (member's first row, its parts); id(part) -> (row in S, part)
         for b, Xb in enumerate(Xs):
+            ps = getattr(Xb, "parts", None)
+            if ps is not None:
+                xoff[b] = rows
+                joins.append((rows, ps))
+                rows += sum(len(q) for q in ps)
+                for q in ps:
+                    if id(q) not in src:
+                        src[id(q)] = (srows, q)
+                        srows += len(q)
+                continue
             k = id(Xb)
             if k not in first:
                 first[k] = rows
@@ -132,35 +150,47 @@ class CudaBatchSession(BatchSession):
             xoff[b] = first[k]
         ntot = int(self.off[-1])
         self._bufs = []
+        MP, D, C = self.MP, self.D, self.cells
+        # every buffer carved from one allocation (one cuMemAlloc and one free per session instead
+        # of eighteen: the 1-hour diarization opens 86 sessions), the members' index arrays copied
+        # up in one transfer; the distinct parts (S) last
+        index = [xoff.astype(np.int32), self.off, blk_member, blk_first, self.mcount]
+        sizes = [rows * D * 4] + [a.nbytes for a in index]
+        sizes += [max(ntot, 1) * MP * 4, max(ntot, 1) * 4, B * MP * 8, B * MP * D * 8, B * MP * C * 8]
+        sizes += [B * MP * D * 4, B * MP * C * 4, B * MP * 4, B * 8, B * 4, B * 4, B * 8, srows * D * 4]
+        offs, total = [], 0
+        for n in sizes:
+            offs.append(total)
+            total += -(-max(int(n), 8) // _ALIGN) * _ALIGN
         with dev.active():
+            base = int(self._alloc(total))
+            ptr = [base + o for o in offs]
+            (self.X, self.d_xoff, self.d_off, self.d_blk_member, self.d_blk_first, self.d_mcount) = ptr[:6]
+            (self.resp, self.lp, self.wsrc, self.mu, self.cov, self.muf, self.prec) = ptr[6:13]
+            (self.logd, self.ll, self.act, self.bad, self.reg, S) = ptr[13:]
+            packed = np.zeros(offs[6] - offs[1], np.uint8)  # the index arrays at their offsets
+            for a, o in zip(index, offs[1:6]):
+                packed[o - offs[1] : o - offs[1] + a.nbytes] = a.view(np.uint8)
+            self.drv.memcpy_htod(self.d_xoff, packed)
             # large arrays straight to their rows on the device (no host concatenation of the
             # merged clusters' frames); many small ones concatenated first (one copy, not one each)
-            self.X = self._alloc(rows * self.D * 4)
-            if len(parts) > 1 and rows * self.D * 4 < len(parts) << 20:
-                parts = [np.concatenate(parts)]
-            at = 0
-            for part in parts:
+            starts = [first[id(q)] for q in parts]
+            if not joins and len(parts) > 1 and rows * D * 4 < len(parts) << 20:
+                parts, starts = [np.concatenate(parts)], [0]  # without joins the rows are consecutive
+            for row, part in zip(starts, parts):
                 a = np.ascontiguousarray(part, dtype=np.float32)
                 if a.nbytes:
-                    self.drv.memcpy_htod(int(self.X) + at, a)
-                at += a.nbytes
-            self.d_xoff = self._put(xoff.astype(np.int32))
-            self.d_off = self._put(self.off)
-            self.d_blk_member = self._put(blk_member)
-            self.d_blk_first = self._put(blk_first)
-            self.d_mcount = self._put(self.mcount)
-            self.resp = self._alloc(max(ntot, 1) * self.MP * 4)
-            self.lp = self._alloc(max(ntot, 1) * 4)
-            self.wsrc = self._alloc(B * self.MP * 8)
-            self.mu = self._alloc(B * self.MP * self.D * 8)
-            self.cov = self._alloc(B * self.MP * self.cells * 8)
-            self.muf = self._alloc(B * self.MP * self.D * 4)
-            self.prec = self._alloc(B * self.MP * self.cells * 4)
-            self.logd = self._alloc(B * self.MP * 4)
-            self.ll = self._alloc(B * 8)
-            self.act = self._alloc(B * 4)
-            self.bad = self._alloc(B * 4)
-            self.reg = self._alloc(B * 8)
+                    self.drv.memcpy_htod(self.X + row * D * 4, a)
+            for at, q in src.values():
+                a = np.ascontiguousarray(q, dtype=np.float32)
+                if a.nbytes:
+                    self.drv.memcpy_htod(S + at * D * 4, a)
+            for row, ps in joins:  # each joined member's rows from its parts, on the device
+                for q in ps:
+                    n = len(q) * D * 4
+                    if n:
+                        self.drv.memcpy_dtod(self.X + row * D * 4, S + src[id(q)][0] * D * 4, n)
+                    row += len(q)
         self._host = None  # (wsrc, mu, cov) read back once after a run
         self._reg = np.zeros(B)
 
@@ -168,12 +198,6 @@ class CudaBatchSession(BatchSession):
     def _alloc(self, nbytes):
         buf = self.drv.mem_alloc(max(int(nbytes), 8))
         self._bufs.append(buf)
-        return buf
-
-    def _put(self, a):
-        buf = self._alloc(a.nbytes)
-        if a.nbytes:
-            self.drv.memcpy_htod(buf, a)
         return buf
 
     def close(self):
