@@ -328,13 +328,16 @@ def test_concat_members_equal_concatenated_arrays(backend, rng):
     la = train_many(a, [Concat(*[parts[i] for i in m]) for m in members], 2, 2, tol=0.0)
     b = _models(params, D, "diag", np.float64, backend)
     lb = train_many(b, joined, 2, 2, tol=0.0)
-    assert la == lb
-    for g, h, X in zip(a, b, joined):
-        np.testing.assert_array_equal(g.covars, h.covars)
+    # equal to float64 rounding (the selection may run another batched variant in the second call)
+    tol = TOL["float64"]
+    for k, (g, h, X) in enumerate(zip(a, b, joined)):
+        assert la[k] == pytest.approx(lb[k], rel=1e-10, abs=1e-10 * len(X))
+        _close(g.covars, h.covars, tol, f"member {k} covars")
+        _close(g.means, h.means, tol, f"member {k} means")
         assert g.n_events == len(X)
     got = compute_distance_BIC_many([(a[0], a[1])], [Concat(parts[0], parts[1])], min_em_iters=2, max_em_iters=2)
     want = compute_distance_BIC_many([(a[0], a[1])], [joined[0]], min_em_iters=2, max_em_iters=2)
-    assert got[0][1] == want[0][1]
+    assert got[0][1] == pytest.approx(want[0][1], rel=1e-10, abs=1e-10 * len(joined[0]))
 
 
 def test_concat_member_with_a_bad_part_is_named_and_the_others_train(rng):

@@ -114,19 +114,28 @@ class DeviceMemory:
             atexit.register(self.free_all)
 
     def free_all(self):
-        """Free the idle device buffers and the resident data (at exit, while the context exists)."""
-        if self._staging is not None:
-            with contextlib.suppress(Exception), self._device().active():
-                self._staging.free()
-            self._staging = None
-        with self._lock:
-            while self._pool:
+        """Free the idle device buffers and the resident data (at exit, while the context exists).
+        Everything is freed and dropped with the device's context current: pycuda objects (events,
+        streams, page-locked buffers) released outside it warn at exit ("could not be cleaned up")."""
+        try:
+            ctx = self._device().active()
+            ctx.__enter__()
+        except Exception:  # noqa: BLE001 - no context left: nothing can be freed
+            return
+        try:
+            if self._staging is not None:
                 with contextlib.suppress(Exception):
-                    self._pool.pop().free()
-            if self._resident:
-                with contextlib.suppress(Exception), self._device().active():
-                    while self._resident:
+                    self._staging.free()
+                self._staging = None
+            with self._lock:
+                while self._pool:
+                    with contextlib.suppress(Exception):
+                        self._pool.pop().free()
+                while self._resident:
+                    with contextlib.suppress(Exception):
                         self._resident.popitem()[1][1].free()
+        finally:
+            ctx.__exit__(None, None, None)
 
     def acquire(self, problem: Problem, exact: bool = False) -> "_Buffers":
         """Idle buffers of the problem's (D, M, cvtype, dtype) holding N events (the smallest that
