@@ -197,8 +197,8 @@ class Backend:
         return self._many[0](gmms, datas, min_em_iters=em_iters, max_em_iters=em_iters)
 
     def score_many(self, gmms, X):
-        """(k, n) per-model log-likelihoods of the frames X, in one call."""
-        return np.stack(self._many[1](gmms, X))
+        """Per model, the (n,) log-likelihoods of the frames X, in one call."""
+        return self._many[1](gmms, X)
 
     def bic_many(self, pairs, datas, em_iters):
         """compute_distance_BIC of every pair on its frames, the merged models trained in one call."""
@@ -371,7 +371,7 @@ class Clusterer:
         rows, which is contiguous)."""
         X = self.X
         if self.be.batched:
-            return np.stack(self._batches("score", lambda gs: list(self.be.score_many(gs, X)), self.gmms))
+            return np.stack(self._batches("score", lambda gs: self.be.score_many(gs, X), self.gmms))
         rows = self._map("score", lambda g: g.score(X), [(g,) for g in self.gmms])
         return np.stack(rows)
 
