@@ -44,13 +44,9 @@ def estimate_params(X, resp, reg, cvtype):
 def one_blas_thread():
     """Context in which BLAS runs on one thread: the hard-label statistics are M small products,
     where BLAS threading costs more than it gives (and much more on a loaded machine)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of asp_gmm
-        import contextlib
+    from ..blas import one_blas_thread as one
 
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
+    return one()
 
 
 def label_params(X, labels, M, reg, cvtype):
