@@ -479,6 +479,12 @@ def converged(iters: int, min_iters: int, change: float, tol: float) -> bool:
     return iters >= min_iters and abs(change) < tol
 
 
+def converged_many(iters, min_iters: int, change, tol: float):
+    """:func:`converged` of many loops at once: ``iters`` (int or array) and ``change`` (array, of
+    :func:`change_per_event` on arrays) give a boolean array, element by element the same rule."""
+    return (np.asarray(iters) >= min_iters) & (np.abs(change) < tol)
+
+
 def em(
     X,
     weights,

@@ -18,6 +18,19 @@ def test_the_rule():
     assert not ref.converged(5, 1, 1e-3, 1e-3) and not ref.converged(5, 1, -0.5, 1e-3)
 
 
+def test_the_rule_on_arrays_is_the_rule_element_by_element():
+    rng = np.random.default_rng(0)
+    change = rng.normal(0, 1e-3, 200)
+    change[::7] = 0.0
+    change[::11] = -5e-4
+    for it in (0, 1, 3, 10):
+        got = ref.converged_many(it, 3, change, 5e-4)
+        assert got.dtype == bool and got.tolist() == [ref.converged(it, 3, float(c), 5e-4) for c in change]
+    its = rng.integers(0, 6, 200)
+    got = ref.converged_many(its, 3, change, 1e-3)
+    assert got.tolist() == [ref.converged(int(i), 3, float(c), 1e-3) for i, c in zip(its, change)]
+
+
 def test_the_compiled_loop_uses_the_shared_macro():
     core = (ROOT / "variants/c/core.c.j2").read_text()
     assert '{% include "em_rule.h.j2" %}' in core and "ASP_EM_CONVERGED(" in core and "fabs(change) <" not in core

@@ -7,8 +7,8 @@ tables (``blk_member``, ``blk_first``), so no member is padded to another's N. P
 the device as ``[B][MP]`` arrays, MP the batch's largest M rounded up to its component class
 (components past a member's M have weight 0 and are skipped). Per EM iteration the host issues
 two launches (M-step, E-step) and reads back B log-likelihoods and B status words, and decides
-each member's convergence by the one rule (:func:`asp_gmm.reference.converged`); members that are
-done or failed are switched off for the next launches.
+each member's convergence by the one rule on arrays (:func:`asp_gmm.reference.converged_many`);
+members that are done or failed are switched off for the next launches.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import NonFiniteError, NotPositiveDefiniteError
 from ...problem import BatchProblem, Problem
-from ...reference import change_per_event, converged
+from ...reference import change_per_event, converged_many
 from ..base import Kernel
 from ..batch_base import BatchSession, BatchSupport, MemberRun
 from .backend import component_class
@@ -335,41 +335,53 @@ class CudaBatchSession(BatchSession):
         return bad
 
     def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
+        """Every member's EM loop: two launches per iteration for the whole batch, then each
+        member's state decided on arrays (errors, the convergence rule of
+        :func:`asp_gmm.reference.converged_many`, traces): a batch of 1 000 small problems spent
+        3 ms a iteration in a Python loop over its members."""
         B = len(self.problems)
-        runs = [MemberRun() for _ in range(B)]
-        active = np.array([b not in skip for b in range(B)], np.int32)
+        N = np.array([max(p.N, 1) for p in self.problems], np.float64)
+        active = np.array([b not in skip for b in range(B)], bool)
+        trace = np.full((B, max_iters + 1), np.nan)
+        iters = np.zeros(B, np.int64)
+        conv = np.zeros(B, bool)
+        errors: dict = {}
         with self.dev.active():
-            self.drv.memcpy_htod(self.act, active)
+            self.drv.memcpy_htod(self.act, active.astype(np.int32))
             ll = self._estep()
-            for b in np.flatnonzero(active):
-                runs[b].loglik_trace = [float(ll[b])]
-                runs[b].loglik = float(ll[b])
-                if not np.isfinite(ll[b]):
-                    runs[b].error = _nonfinite(ll[b])
-                    active[b] = 0
+            trace[:, 0] = ll
+            last = ll.copy()
+            for b in np.flatnonzero(active & ~np.isfinite(ll)):
+                errors[b] = _nonfinite(ll[b])
+            active &= np.isfinite(ll)
             it = 0
             while it < max_iters and active.any():
-                self.drv.memcpy_htod(self.act, active)
+                self.drv.memcpy_htod(self.act, active.astype(np.int32))
                 bad = self._mstep()
                 ll = self._estep()
                 it += 1
-                for b in np.flatnonzero(active):
-                    r = runs[b]
-                    if bad[b]:
-                        r.error = NotPositiveDefiniteError(int(bad[b]) - 1, float(reg_covars[b]))
-                        active[b] = 0
-                        continue
-                    if not np.isfinite(ll[b]):
-                        r.error = _nonfinite(ll[b])
-                        active[b] = 0
-                        continue
-                    change = change_per_event(float(ll[b]), r.loglik, self.problems[b].N)
-                    r.loglik, r.iters = float(ll[b]), it
-                    r.loglik_trace.append(float(ll[b]))
-                    if converged(it, min_iters, change, tol):
-                        r.converged = True
-                        active[b] = 0
+                failed = active & (bad != 0)
+                for b in np.flatnonzero(failed):
+                    errors[b] = NotPositiveDefiniteError(int(bad[b]) - 1, float(reg_covars[b]))
+                nonfinite = active & ~failed & ~np.isfinite(ll)
+                for b in np.flatnonzero(nonfinite):
+                    errors[b] = _nonfinite(ll[b])
+                ok = active & ~failed & ~nonfinite
+                change = change_per_event(np.where(ok, ll, 0.0), np.where(ok, last, 0.0), N)
+                trace[ok, it] = ll[ok]
+                iters[ok] = it
+                last[ok] = ll[ok]
+                done = ok & converged_many(it, min_iters, change, tol)
+                conv |= done
+                active = ok & ~done
             self._read_params()
+        runs = []
+        for b in range(B):
+            if b in skip:
+                runs.append(MemberRun())
+                continue
+            k = int(iters[b])
+            runs.append(MemberRun(float(last[b]), k, bool(conv[b]), trace[b, : k + 1].tolist(), 0.0, errors.get(b)))
         return runs
 
     def score(self, skip=()):
