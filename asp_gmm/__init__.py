@@ -19,7 +19,7 @@ from .errors import (  # noqa: E402,F401
     NotPositiveDefiniteError,
 )
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
-from .many import Concat, compute_distance_BIC_many, prepare_many, score_many, train_many  # noqa: E402
+from .many import Concat, Rows, compute_distance_BIC_many, prepare_many, score_many, train_many  # noqa: E402
 
 
 def _sklearn_installed() -> bool:
@@ -38,6 +38,7 @@ __all__ = [
     "freeze",
     "train_many",
     "Concat",
+    "Rows",
     "score_many",
     "compute_distance_BIC_many",
     "prepare_many",

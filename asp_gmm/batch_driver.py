@@ -36,12 +36,21 @@ _SUPPORT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
-def _joined(X):
-    """A member given as parts (``X.parts``, e.g. :class:`asp_gmm.Concat`) as one array."""
+def _joined(X, support=None):
+    """A member given as parts (``X.parts``, e.g. :class:`asp_gmm.Concat`) or as rows of an
+    immutable array (``X.X``, ``X.index``: :class:`asp_gmm.Rows`) as one array, unless ``support``
+    (a batch support) takes that form itself."""
     parts = getattr(X, "parts", None)
-    if parts is None:
-        return X
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    if parts is not None:
+        if support is not None and support.takes_parts:
+            return X
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    index = getattr(X, "index", None)
+    if index is not None and isinstance(getattr(X, "X", None), np.ndarray):
+        if support is not None and support.takes_rows:
+            return X
+        return X.X[index]
+    return X
 
 
 def batch_support(backend):
@@ -127,8 +136,8 @@ class BatchSpecializer:
         view = batch_support(self.backend)
         bp = BatchProblem.of(problems)
         cands = self.candidates(view, bp, variant) if (view is not None or variant) else []
-        if not (cands and view is not None and view.support.takes_parts):
-            Xs = [_joined(X) for X in Xs]
+        sup = view.support if (cands and view is not None) else None
+        Xs = [_joined(X, sup) for X in Xs]
         if not cands:
             return self._one_by_one(Xs, params, problems, reg_covars, min_iters, max_iters, tol)
         t_start = time.perf_counter()

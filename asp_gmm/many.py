@@ -26,7 +26,7 @@ from .errors import BatchMemberError
 from .fit.data import Data
 from .gmm import GMM, check_data, merged_model
 
-__all__ = ["Concat", "train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
+__all__ = ["Concat", "Rows", "train_many", "score_many", "compute_distance_BIC_many", "prepare_many"]
 
 
 class Concat:
@@ -107,6 +107,72 @@ def _host(X, g: GMM, b: int, method: str, min_events: int):
     return check_data(X, g.D, g.dtype, min_events, name=f"datasets[{b}]", method=method)
 
 
+class Rows:
+    """Rows of an immutable array (:func:`asp_gmm.freeze`), as one member's data set of
+    :func:`train_many` or :func:`compute_distance_BIC_many` (e.g. a cluster's frames of a recording).
+
+    The array is checked for NaN and infinity once (it cannot change), so its rows need no check;
+    the CUDA backend keeps the array on the GPU and gathers each member's rows there (no host
+    gather, no upload per call); the other backends take ``X[index]``. The result is that of
+    ``X[index]``.
+
+    Parameters
+    ----------
+    X : array (N, D)
+        An immutable array: the result of :func:`asp_gmm.freeze`.
+    index : array of int (n,)
+        Row numbers, each in ``0 .. N - 1`` (repeats allowed), in the order the member sees them.
+
+    Raises
+    ------
+    ValueError
+        X is not immutable (freeze it), or not 2-D; ``index`` is not 1-D integers within range.
+    """
+
+    __slots__ = ("X", "index")
+
+    def __init__(self, X, index):
+        from .frozen import identity
+
+        if not isinstance(X, np.ndarray) or identity(X) is None:
+            raise ValueError("Rows(X, index) needs an immutable X; pass asp_gmm.freeze(X)")
+        if X.ndim != 2:
+            raise ValueError(f"Rows(X, index): X must be 2-D (N events, D dimensions), got shape {X.shape}")
+        idx = np.asarray(index)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise ValueError("Rows(X, index): index must be a 1-D array of integer row numbers")
+        idx = idx.astype(np.intp, copy=False)
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= X.shape[0]):
+            raise ValueError(
+                f"Rows(X, index): row numbers must be in 0 .. {X.shape[0] - 1}, got {int(idx.min())} .. {int(idx.max())}"
+            )
+        self.X, self.index = X, idx
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @property
+    def shape(self) -> tuple:
+        return (len(self.index), self.X.shape[1])
+
+    def take(self) -> np.ndarray:
+        """``X[index]``: the rows as one (writeable) array."""
+        return self.X[self.index]
+
+    def __repr__(self) -> str:
+        return f"Rows(<{self.X.shape}>, {len(self.index)} rows)"
+
+
+def _rows(X: Rows, g: GMM, b: int, seen: dict):
+    """Member ``b``'s Rows with its array checked (once per call; an immutable array once ever); a
+    copy of the rows when the array had to be converted (another dtype) and so is not the one
+    frozen."""
+    got = seen.get(id(X.X))
+    if got is None or got[0] is not X.X:
+        got = seen[id(X.X)] = (X.X, _host(X.X, g, b, "train", 1))
+    return X if got[1] is X.X else got[1][X.index]
+
+
 def _concat(X: Concat, g: GMM, b: int, seen: dict) -> Concat:
     """Member ``b``'s Concat with every part checked (each distinct array once per call)."""
     parts = []
@@ -155,10 +221,11 @@ def train_many(
     models : sequence of GMM
         Models of one D, cvtype, dtype and backend; M may differ. Each is seeded (first call) or
         warm-started exactly as :meth:`GMM.train` would do it.
-    datasets : sequence of array (N_b, D) or of :class:`Concat`, or one array (B, N, D)
+    datasets : sequence of array (N_b, D), :class:`Concat` or :class:`Rows`, or one array (B, N, D)
         ``datasets[b]`` trains ``models[b]``; each its own N_b (at least M_b events). One 3-D
         array (members of equal N) is checked in one pass; a :class:`Concat` member is the rows
-        of its parts (each distinct part checked once per call).
+        of its parts (each distinct part checked once per call); a :class:`Rows` member is rows of
+        an immutable array (checked once; on the GPU gathered where the array is kept).
     min_em_iters, max_em_iters, tol
         As in :meth:`GMM.train`, for every member.
     variant : str, optional
@@ -191,6 +258,8 @@ def train_many(
         try:
             if isinstance(X, Concat):
                 X = _concat(X, g, b, seen)
+            elif isinstance(X, Rows):
+                X = _rows(X, g, b, seen)
             elif not checked:
                 X = _host(X, g, b, "train", g.M)
             if X.shape[0] < g.M:
@@ -198,7 +267,9 @@ def train_many(
                     f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
                     "use fewer components or more data"
                 )
-            g._seed(Data("host", X.concatenate() if isinstance(X, Concat) and g.means is None else X, X.shape[0]))
+            if g.means is None or g.covars is None or g.weights is None:  # seeded from the rows themselves
+                host = X.concatenate() if isinstance(X, Concat) else X.take() if isinstance(X, Rows) else X
+                g._seed(Data("host", host, X.shape[0]))
         except (ValueError, TypeError) as exc:
             errors[b] = exc
             continue
@@ -308,9 +379,10 @@ def compute_distance_BIC_many(
     pairs : sequence of (GMM, GMM)
         Trained models; each pair's L(gmm_i) and event counts are those of their last ``train``
         (as ``compute_distance_BIC`` without X1, X2).
-    datasets : sequence of array (N_b, D) or of :class:`Concat`
+    datasets : sequence of array (N_b, D), :class:`Concat` or :class:`Rows`
         Each pair's merged data (normally the union of both clusters' frames: ``Concat(X1, X2)``
-        makes no concatenated copy where the backend can avoid it).
+        makes no concatenated copy where the backend can avoid it; ``Rows(Xf, index)`` of a frozen
+        recording, none at all on the GPU).
     min_em_iters, max_em_iters, tol
         As in :meth:`GMM.train` for the merged models.
 

@@ -357,3 +357,48 @@ def test_concat_member_with_a_bad_part_is_named_and_the_others_train(rng):
         Concat()
     with pytest.raises(BatchMemberError, match="fewer than the M=2"):
         train_many([GMM(2, D, backend="c")], [Concat(good[:1])], 1, 1)
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_rows_members_equal_the_gathered_arrays(backend, rng):
+    """A member given as Rows(frozen X, index) trains as X[index] (repeated and unordered rows, a
+    member of one row short of M refused by name); compute_distance_BIC_many takes them too."""
+    from asp_gmm import Rows, freeze
+
+    D = 4
+    X = freeze(make_blobs(rng, 3000, D, 3, offset=1000.0, dtype=np.float64))
+    idx = [rng.permutation(3000)[:700], np.arange(5, 2000, 3), np.r_[np.arange(100), np.arange(100)]]
+    params = [init_params(rng, X[i], 3, "full") for i in idx]
+    a = _models(params, D, "full", np.float64, backend)
+    la = train_many(a, [Rows(X, i) for i in idx], 2, 2, tol=0.0)
+    b = _models(params, D, "full", np.float64, backend)
+    lb = train_many(b, [X[i] for i in idx], 2, 2, tol=0.0)
+    for k, (g, h) in enumerate(zip(a, b)):
+        assert la[k] == pytest.approx(lb[k], rel=1e-10, abs=1e-10 * len(idx[k]))
+        _close(g.covars, h.covars, TOL["float64"], f"member {k}")
+        assert g.n_events == len(idx[k])
+    pair = np.concatenate(idx[:2])
+    got = compute_distance_BIC_many([(a[0], a[1])], [Rows(X, pair)], min_em_iters=2, max_em_iters=2)
+    want = compute_distance_BIC_many([(a[0], a[1])], [X[pair]], min_em_iters=2, max_em_iters=2)
+    assert got[0][1] == pytest.approx(want[0][1], rel=1e-10, abs=1e-10 * len(pair))
+    with pytest.raises(BatchMemberError, match="fewer than the M=3"):
+        train_many([GMM(3, D, backend=backend)], [Rows(X, [1, 2])], 1, 1)
+
+
+def test_rows_refuses_what_it_cannot_trust(rng):
+    from asp_gmm import Rows, freeze
+
+    X = make_blobs(rng, 50, 3, 2)
+    with pytest.raises(ValueError, match="freeze"):
+        Rows(X, [0, 1])  # writeable: its rows could change between calls
+    Xf = freeze(X)
+    with pytest.raises(ValueError, match=r"0 \.\. 49"):
+        Rows(Xf, [0, 50])
+    with pytest.raises(ValueError, match="integer"):
+        Rows(Xf, [0.5])
+    assert len(Rows(Xf, [])) == 0 and Rows(Xf, [3, 3]).shape == (2, 3)
+    np.testing.assert_array_equal(Rows(Xf, [4, 1]).take(), X[[4, 1]])
+    # another dtype than the model's: the rows of the converted array
+    g = GMM(2, 3, backend="c", dtype=np.float32, seed=0)
+    train_many([g], [Rows(Xf, np.arange(40))], 2, 2)
+    assert g.n_events == 40 and g.means.dtype == np.float32

@@ -81,6 +81,9 @@ class BatchSupport(abc.ABC):
     #: arrays, e.g. :class:`asp_gmm.Concat`: the member is their rows in order); otherwise the
     #: driver concatenates them first.
     takes_parts: bool = False
+    #: Whether :meth:`open` takes members given as rows of an immutable array (an object with ``X``
+    #: and ``index``, e.g. :class:`asp_gmm.Rows`); otherwise the driver takes ``X[index]`` first.
+    takes_rows: bool = False
 
     def __init__(self, backend: Backend):
         self.backend = backend

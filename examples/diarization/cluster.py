@@ -164,6 +164,7 @@ class Backend:
                 asp_gmm.compute_distance_BIC_many,
                 asp_gmm.prepare_many,
                 asp_gmm.Concat,
+                asp_gmm.Rows,
             )
             self._kw = {"backend": name}
             if name == "auto":  # report the implementation that auto picked
@@ -204,12 +205,34 @@ class Backend:
         """compute_distance_BIC of every pair on its frames, the merged models trained in one call."""
         return self._many[2](pairs, datas, min_em_iters=em_iters, max_em_iters=em_iters)
 
+    def rows(self, X, index):
+        """A cluster's frames: rows ``index`` of the recording's frozen frames X. For asp_gmm an
+        asp_gmm.Rows (checked once; on the GPU gathered where X is kept, no copy on the host),
+        else the rows themselves."""
+        if self._many is not None and self._freeze is not None:
+            return self._many[5](X, index)
+        return X[index]
+
+    def join(self, X1, X2):
+        """The frames of two clusters as one cluster's (a merge)."""
+        if hasattr(X1, "index") and hasattr(X2, "index"):
+            return self._many[5](X1.X, np.concatenate([X1.index, X2.index]))
+        return np.concatenate([self.frames(X1), self.frames(X2)])
+
     def union(self, X1, X2):
-        """The frames of two clusters as one data set of a batched call: asp_gmm.Concat (the GPU
-        assembles it from each cluster's frames, uploaded once per call), else one array."""
+        """The frames of two clusters as one data set of a batched call: rows of the frozen
+        recording (asp_gmm.Rows), or asp_gmm.Concat of two arrays (the GPU assembles it from each
+        cluster's frames, uploaded once per call), else one array."""
+        if hasattr(X1, "index") and hasattr(X2, "index"):
+            return self.join(X1, X2)
         if self._many is not None:
             return self._many[4](X1, X2)
         return np.concatenate([X1, X2])
+
+    @staticmethod
+    def frames(X):
+        """The frames themselves (an array) of what :meth:`rows` returned."""
+        return X.take() if hasattr(X, "take") and hasattr(X, "index") else X
 
     def bic(self, g1, g2, X, em_iters):
         """compute_distance_BIC on the union X of both clusters' frames. L(g1), L(g2) are the
@@ -398,11 +421,10 @@ class Clusterer:
         remap[alive] = np.arange(len(alive))
         labels = remap[labels]
         self.gmms = [self.gmms[i] for i in alive]
-        # One stable sort gives every cluster a contiguous slice of the frames.
+        # One stable sort gives every cluster a contiguous slice of the frame numbers.
         order = np.argsort(labels.astype(np.int16), kind="stable")  # radix sort for 16-bit keys
-        Xs = self.X[order]
         edges = np.concatenate([[0], np.cumsum(np.bincount(labels, minlength=len(alive)))])
-        self.data = [Xs[edges[i] : edges[i + 1]] for i in range(len(alive))]
+        self.data = [self.be.rows(self.X, order[edges[i] : edges[i + 1]]) for i in range(len(alive))]
         if self.p.frames_per_component > 0 and self.p.max_model_components > 0 and self._grow:
             self.gmms = [self._resize(g, len(d)) for g, d in zip(self.gmms, self.data)]
         self.ll = self._train_all(self.gmms, self.data)
@@ -446,7 +468,7 @@ class Clusterer:
             bic_iters = p.bic_iters or p.em_iters
 
             def score_pair(i, j):
-                Xij = np.concatenate([self.data[i], self.data[j]])
+                Xij = self.be.frames(self.be.join(self.data[i], self.data[j]))
                 return self.be.bic(self.gmms[i], self.gmms[j], Xij, bic_iters)
 
             if self.be.batched:
@@ -514,7 +536,7 @@ class Clusterer:
             i, j = best_pair
             self.gmms = [g for t, g in enumerate(self.gmms) if t not in (i, j)] + [best_model]
             self.data = [d for t, d in enumerate(self.data) if t not in (i, j)] + [
-                np.concatenate([self.data[i], self.data[j]])
+                self.be.join(self.data[i], self.data[j])
             ]
             self.prof.merges += 1
         self.prof.total = time.perf_counter() - t_start

@@ -30,6 +30,7 @@ SIGNATURES = {
     "asp_batch_factor": "PPPPPPPP",
     "asp_batch_estep": "PPPPPPPPPPPPPP",
     "asp_batch_mstep": "PPPPPPPPPPPPPP",
+    "asp_batch_gather": "PiPiP",
 }
 
 
@@ -45,6 +46,7 @@ class CudaBatchSupport(BatchSupport):
 
     preference = ("GB",)
     takes_parts = True
+    takes_rows = True
 
     def __init__(self, backend):
         super().__init__(backend)
@@ -131,7 +133,29 @@ class CudaBatchSession(BatchSession):
         # rows of its own, copied on the device from its parts, each distinct part uploaded once
         first, parts, xoff, rows = {}, [], np.zeros(B, np.int64), 0
         joins, src, srows = [], {}, 0  # (member's first row, its parts); id(part) -> (row in S, part)
+        # members given as rows of an immutable array (asp_gmm.Rows) first, grouped by array: one
+        # gather per array from its resident copy on the device (no host gather, no upload)
+        gathers, rowsof, Xs = [], {}, list(Xs)
         for b, Xb in enumerate(Xs):
+            if getattr(Xb, "index", None) is not None and isinstance(getattr(Xb, "X", None), np.ndarray):
+                rowsof.setdefault(id(Xb.X), (Xb.X, []))[1].append(b)
+        for A, members in rowsof.values():
+            resident = self._resident(A, bp)
+            if resident is None:  # not kept on the device (too large, or not float32): host rows
+                for b in members:
+                    Xs[b] = A[Xs[b].index]
+                continue
+            r0, idx = rows, []
+            for b in members:
+                xoff[b] = rows
+                rows += len(Xs[b].index)
+                idx.append(Xs[b].index)
+            gathers.append((r0, resident, np.concatenate(idx).astype(np.int32)))
+        taken = {b for A, members in rowsof.values() for b in members if not isinstance(Xs[b], np.ndarray)}
+        nidx = sum(len(g[2]) for g in gathers)
+        for b, Xb in enumerate(Xs):
+            if b in taken:
+                continue
             ps = getattr(Xb, "parts", None)
             if ps is not None:
                 xoff[b] = rows
@@ -157,7 +181,7 @@ class CudaBatchSession(BatchSession):
         index = [xoff.astype(np.int32), self.off, blk_member, blk_first, self.mcount]
         sizes = [rows * D * 4] + [a.nbytes for a in index]
         sizes += [max(ntot, 1) * MP * 4, max(ntot, 1) * 4, B * MP * 8, B * MP * D * 8, B * MP * C * 8]
-        sizes += [B * MP * D * 4, B * MP * C * 4, B * MP * 4, B * 8, B * 4, B * 4, B * 8, srows * D * 4]
+        sizes += [B * MP * D * 4, B * MP * C * 4, B * MP * 4, B * 8, B * 4, B * 4, B * 8, srows * D * 4, nidx * 4]
         offs, total = [], 0
         for n in sizes:
             offs.append(total)
@@ -167,7 +191,7 @@ class CudaBatchSession(BatchSession):
             ptr = [base + o for o in offs]
             (self.X, self.d_xoff, self.d_off, self.d_blk_member, self.d_blk_first, self.d_mcount) = ptr[:6]
             (self.resp, self.lp, self.wsrc, self.mu, self.cov, self.muf, self.prec) = ptr[6:13]
-            (self.logd, self.ll, self.act, self.bad, self.reg, S) = ptr[13:]
+            (self.logd, self.ll, self.act, self.bad, self.reg, S, G) = ptr[13:]
             packed = np.zeros(offs[6] - offs[1], np.uint8)  # the index arrays at their offsets
             for a, o in zip(index, offs[1:6]):
                 packed[o - offs[1] : o - offs[1] + a.nbytes] = a.view(np.uint8)
@@ -185,6 +209,16 @@ class CudaBatchSession(BatchSession):
                 a = np.ascontiguousarray(q, dtype=np.float32)
                 if a.nbytes:
                     self.drv.memcpy_htod(S + at * D * 4, a)
+            if gathers:  # every Rows member's rows from its array's resident copy
+                self.drv.memcpy_htod(G, np.concatenate([g[2] for g in gathers]))
+                at = 0
+                for r0, (xt, ldn), idx in gathers:
+                    n = len(idx)
+                    if n:
+                        self.fns["asp_batch_gather"].prepared_call(
+                            (-(-n * D // 256), 1, 1), (256, 1, 1), int(xt), int(ldn), G + at * 4, n, self.X + r0 * D * 4
+                        )
+                    at += n
             for row, ps in joins:  # each joined member's rows from its parts, on the device
                 for q in ps:
                     n = len(q) * D * 4
@@ -195,6 +229,15 @@ class CudaBatchSession(BatchSession):
         self._reg = np.zeros(B)
 
     # ------------------------------------------------------------------ memory
+    def _resident(self, A, bp):
+        """``(device pointer, leading dimension)`` of the immutable float32 array A's transposed copy
+        kept by the backend (uploaded, and checked for NaN on the device, the first time), or None."""
+        if A.dtype != np.float32 or A.ndim != 2 or A.shape[1] != self.D or not len(A):
+            return None
+        p = Problem(len(A), self.D, bp.M, bp.cvtype, "float32")
+        upload = {spec.kernel: fn for spec, fn in self.backend.core(p).funcs}["asp_upload_chunk"]
+        return self.backend.memory.resident_xt(A, p, upload)
+
     def _alloc(self, nbytes):
         buf = self.drv.mem_alloc(max(int(nbytes), 8))
         self._bufs.append(buf)
