@@ -93,7 +93,9 @@ class _Reads:
             q = q.limit(limit)
         keys: dict = {}
         out, bad = [], []
-        for id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf in conn.execute(q):
+        for id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf in conn.execute(
+            q
+        ).all():
             k = (vb, vn, vt, vs)
             vk = keys.get(k)
             try:

@@ -143,8 +143,30 @@ def _text(v, field: str, maxlen: int, empty_ok: bool = False) -> str:
     return v
 
 
+def _finite_pos(v) -> bool:
+    return type(v) is float and 0.0 < v < math.inf
+
+
 def _check_values(N, D, M, cvtype, dtype, status, seconds, cov_seconds, repeats) -> None:
     """Raise :class:`_Bad` for a timing's values that no asp_gmm writes."""
+    # the values every asp_gmm writes, in one expression (a history of 10 000 rows is read at the
+    # start of every process); anything else is checked field by field below for the message
+    if (
+        type(N) is int
+        and type(D) is int
+        and type(M) is int
+        and type(repeats) is int
+        and 0 < N <= INT_MAX
+        and 0 < D <= INT_MAX
+        and 0 < M <= INT_MAX
+        and 0 < repeats <= INT_MAX
+        and cvtype in CVTYPES
+        and dtype in DTYPES
+        and status in STATUSES
+        and (_finite_pos(seconds) or (seconds is None and status != "ok"))
+        and (cov_seconds is None or (type(cov_seconds) is float and 0.0 <= cov_seconds < math.inf))
+    ):
+        return
     for name, v in (("N", N), ("D", D), ("M", M)):
         _int(v, name)
     for name, v, known in (("cvtype", cvtype, CVTYPES), ("dtype", dtype, DTYPES), ("status", status, STATUSES)):
