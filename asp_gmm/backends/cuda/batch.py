@@ -232,8 +232,8 @@ class CudaBatchSession(BatchSession):
     def _resident(self, A, bp):
         """``(device pointer, leading dimension)`` of the immutable float32 array A's transposed copy
         kept by the backend (uploaded, and checked for NaN on the device, the first time), or None."""
-        if A.dtype != np.float32 or A.ndim != 2 or A.shape[1] != self.D or not len(A):
-            return None
+        if A.dtype != np.float32 or A.ndim != 2 or A.shape[1] != self.D or not 0 < len(A) < 2**31:
+            return None  # (the gather's row numbers are 32-bit)
         p = Problem(len(A), self.D, bp.M, bp.cvtype, "float32")
         upload = {spec.kernel: fn for spec, fn in self.backend.core(p).funcs}["asp_upload_chunk"]
         return self.backend.memory.resident_xt(A, p, upload)
