@@ -169,3 +169,23 @@ def test_rows_members_gathered_on_the_device(cvtype, rng):
             assert g.loglik == h.loglik and g.n_events == len(A)
             rr = ref.em(A.astype(np.float64), w, mu, cv, cvtype, 1e-6, 3, 3, 0.0)
             check_fit(g.covars, g.means, g.weights, g.loglik, rr)
+
+
+def test_rows_beside_small_plain_members(rng):
+    """Rows members (gathered first) beside several small plain arrays, which are uploaded as one
+    concatenated copy after the gathered rows: each member reads its own rows."""
+    from asp_gmm import Rows, freeze
+
+    D = 5
+    X = freeze(make_blobs(rng, 2000, D, 2, offset=1000.0, dtype=np.float32))
+    idx = [np.arange(0, 2000, 3), rng.permutation(2000)[:300]]
+    plain = [make_blobs(rng, n, D, 2, offset=1000.0, dtype=np.float32) for n in (60, 200, 129)]
+    arrays = [X[i] for i in idx] + plain
+    params = [init_params(rng, A, 2, "diag") for A in arrays]
+    many = _models(params, D, "diag")
+    train_many(many, [Rows(X, i) for i in idx] + plain, 3, 3, tol=0.0)
+    host = _models(params, D, "diag")
+    train_many(host, arrays, 3, 3, tol=0.0)
+    for b, (g, h) in enumerate(zip(many, host)):
+        np.testing.assert_array_equal(g.covars, h.covars, err_msg=f"member {b}")
+        assert g.loglik == h.loglik

@@ -200,7 +200,8 @@ class CudaBatchSession(BatchSession):
             # merged clusters' frames); many small ones concatenated first (one copy, not one each)
             starts = [first[id(q)] for q in parts]
             if not joins and len(parts) > 1 and rows * D * 4 < len(parts) << 20:
-                parts, starts = [np.concatenate(parts)], [0]  # without joins the rows are consecutive
+                # without joins the plain arrays' rows follow one another (after any gathered rows)
+                parts, starts = [np.concatenate(parts)], starts[:1]
             for row, part in zip(starts, parts):
                 a = np.ascontiguousarray(part, dtype=np.float32)
                 if a.nbytes:
