@@ -386,3 +386,30 @@ def test_warm_on_a_broken_history_disables_it_and_does_not_raise(rules, monkeypa
     monkeypatch.setattr(h, "view", broken)
     sel.warm(be, [Problem(1000, 3, 2)])
     assert h._asp_gmm_warned is True  # warned once; calls go on without the history
+
+
+def test_spread_is_the_widest_class_ratio_and_follows_new_rows(rules):
+    """The widest slowest/fastest ratio of a class, kept per class: equal to recomputing it from the
+    aggregates, and a new row that widens one class's ratio shows at once."""
+    sel, be, h = rules
+    idx = sel.index(be)
+
+    def brute(ct):
+        w = 1.0
+        for k, per in idx.classes.items():
+            ts = [a.median for a in per.values() if a.median > 0]
+            if k[:2] == ct and len(ts) > 1:
+                w = max(w, max(ts) / min(ts))
+        return w
+
+    cts = {k[:2] for k in idx.classes}
+    for ct in cts:
+        assert idx.spread(*ct) == pytest.approx(brute(ct), rel=1e-12)
+    ct = ("full", "float32") if ("full", "float32") in cts else sorted(cts)[0]
+    k = next(k for k, per in idx.classes.items() if k[:2] == ct and len(per) > 1)
+    p = Problem(int(2 ** (k[4] / 2)), k[2], k[3], *ct)
+    slow = 1e3 * max(a.median for a in idx.classes[k].values()) * p.N
+    for _ in range(40):  # enough rows to move the slowest configuration's median
+        sel.record(be, p, cands(p)[0], "ok", slow)
+    idx = sel.index(be)
+    assert idx.spread(*ct) == pytest.approx(brute(ct), rel=1e-12) and idx.spread(*ct) > 100
