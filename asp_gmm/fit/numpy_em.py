@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference as ref
+from ..blas import one_blas_thread
 
 #: scikit-learn's message for a covariance that cannot be factored.
 ILL_DEFINED = (
@@ -39,14 +40,6 @@ def estimate_params(X, resp, reg, cvtype):
     responsibilities (N, M): scikit-learn's M-step (no empty-component rule)."""
     nk, _, means = ref.mstep_weights_means(X, resp)
     return nk, means, ref.covariance(X, resp, nk, means, cvtype, reg)
-
-
-def one_blas_thread():
-    """Context in which BLAS runs on one thread: the hard-label statistics are M small products,
-    where BLAS threading costs more than it gives (and much more on a loaded machine)."""
-    from ..blas import one_blas_thread as one
-
-    return one()
 
 
 def label_params(X, labels, M, reg, cvtype):

@@ -236,7 +236,7 @@ class CudaBatchSession(BatchSession):
         if A.dtype != np.float32 or A.ndim != 2 or A.shape[1] != self.D or not 0 < len(A) < 2**31:
             return None  # (the gather's row numbers are 32-bit)
         p = Problem(len(A), self.D, bp.M, bp.cvtype, "float32")
-        upload = {spec.kernel: fn for spec, fn in self.backend.core(p).funcs}["asp_upload_chunk"]
+        upload = next(fn for spec, fn in self.backend.core(p).funcs if spec.kernel == "asp_upload_chunk")
         return self.backend.memory.resident_xt(A, p, upload)
 
     def _alloc(self, nbytes):

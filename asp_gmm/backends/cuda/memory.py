@@ -117,12 +117,11 @@ class DeviceMemory:
         """Free the idle device buffers and the resident data (at exit, while the context exists).
         Everything is freed and dropped with the device's context current: pycuda objects (events,
         streams, page-locked buffers) released outside it warn at exit ("could not be cleaned up")."""
-        try:
-            ctx = self._device().active()
-            ctx.__enter__()
-        except Exception:  # noqa: BLE001 - no context left: nothing can be freed
-            return
-        try:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self._device().active())
+            except Exception:  # noqa: BLE001 - no context left: nothing can be freed
+                return
             if self._staging is not None:
                 with contextlib.suppress(Exception):
                     self._staging.free()
@@ -134,8 +133,6 @@ class DeviceMemory:
                 while self._resident:
                     with contextlib.suppress(Exception):
                         self._resident.popitem()[1][1].free()
-        finally:
-            ctx.__exit__(None, None, None)
 
     def acquire(self, problem: Problem, exact: bool = False) -> "_Buffers":
         """Idle buffers of the problem's (D, M, cvtype, dtype) holding N events (the smallest that
