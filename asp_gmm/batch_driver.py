@@ -20,11 +20,12 @@ import logging
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import selection
-from .backends.batch_base import check_problems
+from .backends.batch_base import BatchRuns, MemberRun, check_problems
 from .errors import CompileError, KernelError
 from .problem import BatchProblem
 from .registry import Config
@@ -94,6 +95,23 @@ class _SelectionView:
         return self._backend.run_threads(BatchProblem(10**12, problem.D, problem.M, problem.cvtype, problem.dtype))
 
 
+@dataclass
+class StackedFit:
+    """The results of :meth:`BatchSpecializer.train_stacked`: float64 ``weights (B, M)``, ``means
+    (B, M, D)``, ``covars``; the runs as arrays (:class:`~asp_gmm.backends.batch_base.BatchRuns`);
+    ``errors`` (member -> exception: refused before the run or failed in it; such a member's
+    parameters are not meaningful); the variant's label, why it was chosen and the call's seconds."""
+
+    weights: np.ndarray
+    means: np.ndarray
+    covars: np.ndarray
+    runs: BatchRuns
+    errors: dict
+    variant: str | None
+    reason: str
+    seconds: float
+
+
 class BatchSpecializer:
     """Runs batches for the Face on one backend (with the policy of the models' specializer)."""
 
@@ -132,41 +150,11 @@ class BatchSpecializer:
         (``variant``: a batched variant's name, pinned)."""
         if not problems:
             return []
-        check_problems(problems)
-        view = batch_support(self.backend)
-        bp = BatchProblem.of(problems)
-        cands = self.candidates(view, bp, variant) if (view is not None or variant) else []
-        sup = view.support if (cands and view is not None) else None
-        Xs = [_joined(X, sup) for X in Xs]
-        if not cands:
-            return self._one_by_one(Xs, params, problems, reg_covars, min_iters, max_iters, tol)
-        t_start = time.perf_counter()
-        tuning = selection.autotune_enabled()
-        plan = self.policy.choose(view, bp, cands, pinned=variant is not None, tuning=tuning)
-        cfg = plan.explore[0] if plan.explore else plan.primary
-        try:
-            kernel = view.support.kernel(cfg.variant, cfg.params, bp)
-        except CompileError:
-            self.policy.record(view, bp, cfg, "compile-failed")
-            raise
-        out = [None] * len(problems)
-        session = view.support.open(Xs, problems, kernel)
-        try:
-            bad = session.set_params(params, reg_covars)
-            skip = {b for b, e in enumerate(bad) if e is not None}
-            t0 = time.perf_counter()
-            try:
-                runs = session.em(min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covars=reg_covars, skip=skip)
-            except KernelError:
-                self.policy.record(view, bp, cfg, "launch-failed")
-                raise
-            seconds = time.perf_counter() - t0
-            iters = max([r.iters for r in runs] + [0])
-            if tuning and iters and not skip:
-                self.policy.record(view, bp, cfg, "ok", seconds / iters, None, iters)
-            total = time.perf_counter() - t_start
-            for b, r in enumerate(runs):
-                if b in skip:
+
+        def collect(session, bad, runs, cfg, plan, total):
+            out = [None] * len(problems)
+            for b, r in enumerate(runs.member_runs()):
+                if bad[b] is not None:
                     out[b] = bad[b]
                     continue
                 if r.error is not None:
@@ -187,6 +175,104 @@ class BatchSpecializer:
                     r.loglik_trace or [r.loglik],
                     plan.why,
                 )
+            return out
+
+        got = self._em(
+            Xs,
+            problems,
+            reg_covars,
+            min_iters,
+            max_iters,
+            tol,
+            variant,
+            lambda s: s.set_params(params, reg_covars),
+            collect,
+        )
+        if got is None:
+            return self._one_by_one([_joined(X) for X in Xs], params, problems, reg_covars, min_iters, max_iters, tol)
+        return got
+
+    def train_stacked(self, Xs, weights, means, covars, problems, reg_covars, min_iters, max_iters, tol, variant=None):
+        """:meth:`train` for members of one M with parameters and results as stacked float64 arrays
+        (``weights (B, M)``, ``means (B, M, D)``, ``covars (B, M, D, D)`` or ``(B, M, D)``): no
+        per-member Python where the backend's session takes arrays (a batch of 1 000 small
+        problems). Returns a :class:`StackedFit`."""
+        B = len(problems)
+
+        def collect(session, bad, runs, cfg, plan, total):
+            w, mu, cv = session.params_stacked()
+            errors = dict(runs.errors)
+            for b, e in enumerate(bad):
+                if e is not None:
+                    errors[b] = e
+            return StackedFit(w, mu, cv, runs, errors, cfg.label, plan.reason, total)
+
+        def load(session):
+            return session.set_params_stacked(weights, means, covars, reg_covars)
+
+        got = self._em(Xs, problems, reg_covars, min_iters, max_iters, tol, variant, load, collect) if B else None
+        if got is not None:
+            return got
+        t0 = time.perf_counter()
+        res = self._one_by_one(
+            [_joined(X) for X in Xs], list(zip(weights, means, covars)), problems, reg_covars, min_iters, max_iters, tol
+        )
+        w, mu, cv = np.array(weights, np.float64), np.array(means, np.float64), np.array(covars, np.float64)
+        runs = BatchRuns.of(
+            [
+                MemberRun(error=r)
+                if isinstance(r, BaseException)
+                else MemberRun(r.loglik, r.iters, r.converged, r.loglik_trace)
+                for r in res
+            ],
+            max_iters,
+        )
+        label = None
+        for b, r in enumerate(res):
+            if not isinstance(r, BaseException):
+                w[b], mu[b], cv[b] = r.weights, r.means, r.covars
+                label = r.variant
+        return StackedFit(w, mu, cv, runs, dict(runs.errors), label, "one by one", time.perf_counter() - t0)
+
+    def _em(self, Xs, problems, reg_covars, min_iters, max_iters, tol, variant, load, collect):
+        """The batched EM call: selection, kernel, one session; ``load(session)`` sets the
+        parameters (per member ``None`` or a refusal), ``collect(session, refused, runs, cfg, plan,
+        seconds)`` reads the results before the session closes. ``None`` when the backend has no
+        batched variant for this batch (the caller runs the members one by one)."""
+        check_problems(problems)
+        view = batch_support(self.backend)
+        bp = BatchProblem.of(problems)
+        cands = self.candidates(view, bp, variant) if (view is not None or variant) else []
+        if not cands:
+            return None
+        if not (isinstance(Xs, np.ndarray) and Xs.ndim == 3):  # (B, N, D): the members as they are
+            Xs = [_joined(X, view.support) for X in Xs]
+        t_start = time.perf_counter()
+        tuning = selection.autotune_enabled()
+        plan = self.policy.choose(view, bp, cands, pinned=variant is not None, tuning=tuning)
+        cfg = plan.explore[0] if plan.explore else plan.primary
+        try:
+            kernel = view.support.kernel(cfg.variant, cfg.params, bp)
+        except CompileError:
+            self.policy.record(view, bp, cfg, "compile-failed")
+            raise
+        session = view.support.open(Xs, problems, kernel)
+        try:
+            bad = load(session)
+            skip = {b for b, e in enumerate(bad) if e is not None}
+            t0 = time.perf_counter()
+            try:
+                runs = session.em_arrays(
+                    min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covars=reg_covars, skip=skip
+                )
+            except KernelError:
+                self.policy.record(view, bp, cfg, "launch-failed")
+                raise
+            seconds = time.perf_counter() - t0
+            iters = int(runs.iters.max()) if len(runs.iters) else 0
+            if tuning and iters and not skip:
+                self.policy.record(view, bp, cfg, "ok", seconds / iters, None, iters)
+            out = collect(session, bad, runs, cfg, plan, time.perf_counter() - t_start)
         finally:
             session.close()
         for c in plan.compile_later:

@@ -36,11 +36,83 @@ class MemberRun:
     error: BaseException | None = None
 
 
+@dataclass
+class BatchRuns:
+    """What a batched EM call did, as arrays over its B members (the array form of a list of
+    :class:`MemberRun`: a batch of 1 000 small problems is not 1 000 Python objects).
+
+    Attributes
+    ----------
+    loglik : ndarray (B,)
+        Each member's last log-likelihood (NaN for a member skipped or failed before its first).
+    iters : ndarray of int (B,)
+    converged : ndarray of bool (B,)
+    trace : ndarray (B, max_iters + 1)
+        Each member's log-likelihood after 0, 1, ... iterations; NaN past its ``iters``.
+    errors : dict
+        Member -> the exception it raised (its parameters are then its last good ones).
+    skipped : ndarray of bool (B,)
+        Members that did not run (refused before the call).
+    """
+
+    loglik: np.ndarray
+    iters: np.ndarray
+    converged: np.ndarray
+    trace: np.ndarray
+    errors: dict
+    skipped: np.ndarray
+
+    @classmethod
+    def of(cls, runs: list, max_iters: int, skip=()) -> "BatchRuns":
+        """The arrays of a list of :class:`MemberRun` (members in ``skip`` did not run)."""
+        B = len(runs)
+        out = cls(
+            np.full(B, np.nan),
+            np.zeros(B, np.int64),
+            np.zeros(B, bool),
+            np.full((B, max_iters + 1), np.nan),
+            {},
+            np.zeros(B, bool),
+        )
+        for b, r in enumerate(runs):
+            if b in skip:
+                out.skipped[b] = True
+                continue
+            out.loglik[b], out.iters[b], out.converged[b] = r.loglik, r.iters, r.converged
+            t = list(r.loglik_trace)[: max_iters + 1]
+            out.trace[b, : len(t)] = t
+            if r.error is not None:
+                out.errors[b] = r.error
+        return out
+
+    def member_runs(self) -> list:
+        """The same as a list of :class:`MemberRun`."""
+        runs = []
+        for b in range(len(self.loglik)):
+            if self.skipped[b]:
+                runs.append(MemberRun())
+                continue
+            k = int(self.iters[b])
+            runs.append(
+                MemberRun(
+                    float(self.loglik[b]),
+                    k,
+                    bool(self.converged[b]),
+                    self.trace[b, : k + 1].tolist(),
+                    0.0,
+                    self.errors.get(b),
+                )
+            )
+        return runs
+
+
 class BatchSession(abc.ABC):
     """The members' data and parameters on one backend.
 
     Parameters are exchanged per member in float64: ``(weights (M_b,), means (M_b, D), covars
-    (M_b, D, D) or (M_b, D))``."""
+    (M_b, D, D) or (M_b, D))``, or, for members of one M, as stacked arrays
+    (:meth:`set_params_stacked`, :meth:`params_stacked`, :meth:`em_arrays`: no per-member Python
+    where the backend implements them)."""
 
     problems: list
 
@@ -61,6 +133,22 @@ class BatchSession(abc.ABC):
     def score(self, skip=()) -> list:
         """Per member: its per-event log-likelihood ``(N_b,)`` in the problem dtype, or the
         exception its E-step raised (``None`` for members in ``skip``)."""
+
+    def set_params_stacked(self, weights, means, covars, reg_covars) -> list:
+        """:meth:`set_params` for members of one M, given as float64 arrays ``weights (B, M)``,
+        ``means (B, M, D)``, ``covars (B, M, D, D)`` or ``(B, M, D)``. By default split per member."""
+        return self.set_params(list(zip(weights, means, covars)), reg_covars)
+
+    def params_stacked(self):
+        """Every member's float64 parameters as arrays ``(B, M, ...)`` (members of one M). By
+        default stacked from :meth:`params`."""
+        got = [self.params(b) for b in range(len(self.problems))]
+        return tuple(np.stack([g[i] for g in got]) for i in range(3))
+
+    def em_arrays(self, *, min_iters: int, max_iters: int, tol: float, reg_covars: list, skip=()) -> BatchRuns:
+        """:meth:`em` with its results as arrays (:class:`BatchRuns`). By default from :meth:`em`."""
+        runs = self.em(min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covars=reg_covars, skip=skip)
+        return BatchRuns.of(runs, max_iters, skip)
 
     def close(self) -> None:  # pragma: no cover - default: garbage collection frees everything
         pass
@@ -172,6 +260,8 @@ def member_problems(problems: list) -> BatchProblem:
 def check_problems(problems: list) -> None:
     """Members of one batch share D, cvtype and dtype."""
     p0 = problems[0]
+    if isinstance(p0, Problem) and problems.count(p0) == len(problems):
+        return  # one Problem for every member (a GMMBatch of equal N): nothing to compare
     for b, p in enumerate(problems):
         if not isinstance(p, Problem) or (p.D, p.cvtype, p.dtype) != (p0.D, p0.cvtype, p0.dtype):
             raise ValueError(

@@ -18,7 +18,7 @@ from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import BatchProblem, Problem
 from . import c as cbackend
 from .base import Kernel
-from .batch_base import BatchSession, BatchSupport, MemberRun
+from .batch_base import BatchRuns, BatchSession, BatchSupport
 
 ffi = cffi.FFI()
 ffi.cdef(
@@ -113,8 +113,18 @@ class CBatchSession(BatchSession):
         self.weights, self.means, self.covars, self._logprob = [], [], [], []
         # largest members first: the dynamic schedule then ends with the small ones
         self.order = np.argsort([-(p.N * p.M) for p in problems], kind="stable")
+        # members of one M keep their parameters as rows of stacked arrays (set and read in one
+        # copy each: set_params_stacked, params_stacked)
+        self._stacked = None
+        if problems and len({p.M for p in problems}) == 1:
+            p0 = problems[0]
+            self._stacked = (
+                np.zeros((len(problems), p0.M)),
+                np.zeros((len(problems), p0.M, p0.D)),
+                np.zeros((len(problems),) + p0.covars_shape()),
+            )
         try:
-            for X, p in zip(Xs, problems):
+            for b, (X, p) in enumerate(zip(Xs, problems)):
                 if scoring:  # the state holds parameters and scratch only: one event (CBatchScoring)
                     X, p = X[:1], Problem(1, p.D, p.M, p.cvtype, p.dtype)
                 ntiles, dp = -(-p.N // tile), p.D + (p.D & 1)
@@ -122,8 +132,11 @@ class CBatchSession(BatchSession):
                 xt = np.empty((ntiles, dp, tile), dt)
                 resp = np.empty((ntiles, p.M, tile), dt)
                 logprob = np.empty(ntiles * tile, dt)
-                w, mu = np.zeros(p.M), np.zeros((p.M, p.D))
-                cv = np.zeros((p.M, p.D, p.D) if p.cvtype == "full" else (p.M, p.D))
+                if self._stacked is not None:
+                    w, mu, cv = (a[b] for a in self._stacked)
+                else:
+                    w, mu = np.zeros(p.M), np.zeros((p.M, p.D))
+                    cv = np.zeros((p.M, p.D, p.D) if p.cvtype == "full" else (p.M, p.D))
                 nk = np.zeros(p.M)
                 fb = ffi.from_buffer
                 st = lib.asp_batch_create(
@@ -169,11 +182,26 @@ class CBatchSession(BatchSession):
         return out
 
     def set_params(self, params, reg_covars):
-        nb = len(self.problems)
         for b, (w, mu, cv) in enumerate(params):
             self.weights[b][:] = w
             self.means[b][:] = mu
             self.covars[b][:] = cv
+        return self._factor(reg_covars)
+
+    def set_params_stacked(self, weights, means, covars, reg_covars):
+        if self._stacked is None:
+            return super().set_params_stacked(weights, means, covars, reg_covars)
+        for a, v in zip(self._stacked, (weights, means, covars)):
+            a[...] = v
+        return self._factor(reg_covars)
+
+    def params_stacked(self):
+        if self._stacked is None:
+            return super().params_stacked()
+        return tuple(a.copy() for a in self._stacked)
+
+    def _factor(self, reg_covars):
+        nb = len(self.problems)
         reg = np.asarray(reg_covars, np.float64)[self.order].copy()
         rc = np.zeros(nb, np.intc)
         # O(M D^3) per member: on the calling thread (a fork would cost more)
@@ -182,6 +210,11 @@ class CBatchSession(BatchSession):
         return [None if rc[b] == 0 else self._error(b, int(rc[b]), reg_covars[b]) for b in range(nb)]
 
     def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
+        return self.em_arrays(
+            min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covars=reg_covars, skip=skip
+        ).member_runs()
+
+    def em_arrays(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
         nb = len(self.problems)
         live = [b for b in self.order if b not in skip]
         ptrs = ffi.new("asp_state *[]", [self._states[b] for b in live] or [ffi.NULL])
@@ -209,14 +242,25 @@ class CBatchSession(BatchSession):
             )
 
         self._spread(run, [self.problems[b] for b in live])
-        runs = [MemberRun() for _ in range(nb)]
-        for j, b in enumerate(live):
-            k = int(iters[j])
-            r = MemberRun(float(ll[j]), k, bool(conv[j]), trace[j, : k + 1].tolist(), float(secs[j]))
-            if rc[j]:
-                r.error = self._error(b, int(rc[j]), reg_covars[b])
-            runs[b] = r
-        return runs
+        out = BatchRuns(
+            np.full(nb, np.nan),
+            np.zeros(nb, np.int64),
+            np.zeros(nb, bool),
+            np.full((nb, max_iters + 1), np.nan),
+            {},
+            np.ones(nb, bool),
+        )
+        if n:
+            at = np.asarray(live, np.intp)
+            out.loglik[at], out.iters[at], out.converged[at] = ll[:n], iters[:n], conv[:n] != 0
+            out.skipped[at] = False
+            # the library writes each member's trace up to its iterations; NaN past them
+            past = np.arange(max_iters + 1)[None, :] > iters[:n, None]
+            out.trace[at] = np.where(past, np.nan, trace[:n])
+            for j in np.flatnonzero(rc[:n]):
+                b = live[j]
+                out.errors[b] = self._error(b, int(rc[j]), reg_covars[b])
+        return out
 
     def params(self, b):
         return self.weights[b].copy(), self.means[b].copy(), self.covars[b].copy()

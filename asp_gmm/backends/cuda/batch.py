@@ -21,7 +21,7 @@ from ...errors import NonFiniteError, NotPositiveDefiniteError
 from ...problem import BatchProblem, Problem
 from ...reference import change_per_event, converged_many
 from ..base import Kernel
-from ..batch_base import BatchSession, BatchSupport, MemberRun
+from ..batch_base import BatchRuns, BatchSession, BatchSupport
 from .backend import component_class
 from .compile import binary_name, is_cached, load_module, render_source
 
@@ -135,7 +135,13 @@ class CudaBatchSession(BatchSession):
         joins, src, srows = [], {}, 0  # (member's first row, its parts); id(part) -> (row in S, part)
         # members given as rows of an immutable array (asp_gmm.Rows) first, grouped by array: one
         # gather per array from its resident copy on the device (no host gather, no upload)
-        gathers, rowsof, Xs = [], {}, list(Xs)
+        gathers, rowsof = [], {}
+        if isinstance(Xs, np.ndarray) and Xs.ndim == 3:
+            # one (B, N, D) array (asp_gmm.GMMBatch): the members' rows already in order, one copy
+            xoff[:] = self.off[:-1]
+            parts, rows, Xs = [Xs.reshape(-1, Xs.shape[2])], int(self.off[-1]), ()
+        else:
+            Xs = list(Xs)
         for b, Xb in enumerate(Xs):
             if getattr(Xb, "index", None) is not None and isinstance(getattr(Xb, "X", None), np.ndarray):
                 rowsof.setdefault(id(Xb.X), (Xb.X, []))[1].append(b)
@@ -198,7 +204,7 @@ class CudaBatchSession(BatchSession):
             self.drv.memcpy_htod(self.d_xoff, packed)
             # large arrays straight to their rows on the device (no host concatenation of the
             # merged clusters' frames); many small ones concatenated first (one copy, not one each)
-            starts = [first[id(q)] for q in parts]
+            starts = [first[id(q)] for q in parts] if first else [0] * len(parts)
             if not joins and len(parts) > 1 and rows * D * 4 < len(parts) << 20:
                 # without joins the plain arrays' rows follow one another (after any gathered rows)
                 parts, starts = [np.concatenate(parts)], starts[:1]
@@ -254,23 +260,44 @@ class CudaBatchSession(BatchSession):
     # ------------------------------------------------------------------ parameters
     def set_params(self, params, reg_covars):
         B, MP, D, C = len(self.problems), self.MP, self.D, self.cells
+        ms = {len(p[0]) for p in params}
+        if len(ms) == 1:  # one M: every member at once
+            return self.set_params_stacked(
+                np.stack([p[0] for p in params]),
+                np.stack([p[1] for p in params]),
+                np.stack([p[2] for p in params]),
+                reg_covars,
+            )
         w = np.zeros((B, MP))
         mu = np.zeros((B, MP, D))
         cov = np.zeros((B, MP, C))
         il = np.tril_indices(D)
-        ms = {len(p[0]) for p in params}
-        if len(ms) == 1:  # one M: every member at once
-            m = ms.pop()
-            w[:, :m] = np.stack([p[0] for p in params])
-            mu[:, :m] = np.stack([p[1] for p in params])
-            cv = np.stack([p[2] for p in params])
-            cov[:, :m] = cv[:, :, il[0], il[1]] if self.full else cv
+        for b, (wb, mb, cb) in enumerate(params):
+            m = len(wb)
+            w[b, :m] = wb
+            mu[b, :m] = mb
+            cov[b, :m] = np.asarray(cb)[:, il[0], il[1]] if self.full else cb
+        return self._load(w, mu, cov, reg_covars)
+
+    def set_params_stacked(self, weights, means, covars, reg_covars):
+        B, MP, D, C = len(self.problems), self.MP, self.D, self.cells
+        m = weights.shape[1]
+        w = np.zeros((B, MP))
+        mu = np.zeros((B, MP, D))
+        cov = np.zeros((B, MP, C))
+        w[:, :m] = weights
+        mu[:, :m] = means
+        if self.full:
+            il = np.tril_indices(D)
+            cov[:, :m] = covars[:, :, il[0], il[1]]
         else:
-            for b, (wb, mb, cb) in enumerate(params):
-                m = len(wb)
-                w[b, :m] = wb
-                mu[b, :m] = mb
-                cov[b, :m] = np.asarray(cb)[:, il[0], il[1]] if self.full else cb
+            cov[:, :m] = covars
+        return self._load(w, mu, cov, reg_covars)
+
+    def _load(self, w, mu, cov, reg_covars):
+        """The padded parameters ``(B, MP)``, ``(B, MP, D)``, ``(B, MP, cells)`` to the device and
+        factored there; per member ``None`` or its refusal."""
+        B, MP = len(self.problems), self.MP
         self._reg = np.asarray(reg_covars, np.float64)
         with self.dev.active():
             self.drv.memcpy_htod(self.wsrc, w)
@@ -294,9 +321,17 @@ class CudaBatchSession(BatchSession):
             bad = np.zeros(B, np.int32)
             self.drv.memcpy_dtoh(bad, self.bad)
         self._store(w, mu, cov)
-        return [
-            None if bad[b] == 0 else NotPositiveDefiniteError(int(bad[b]) - 1, float(reg_covars[b])) for b in range(B)
-        ]
+        out = [None] * B
+        for b in np.flatnonzero(bad):
+            out[b] = NotPositiveDefiniteError(int(bad[b]) - 1, float(self._reg[b]))
+        return out
+
+    def params_stacked(self):
+        if self._host is None:
+            raise RuntimeError("no parameters yet")
+        m = self.problems[0].M
+        w, mu, cov = self._host
+        return w[:, :m], mu[:, :m], cov[:, :m]
 
     def params(self, b):
         if self._host is None:
@@ -379,13 +414,20 @@ class CudaBatchSession(BatchSession):
         return bad
 
     def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
+        return self.em_arrays(
+            min_iters=min_iters, max_iters=max_iters, tol=tol, reg_covars=reg_covars, skip=skip
+        ).member_runs()
+
+    def em_arrays(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
         """Every member's EM loop: two launches per iteration for the whole batch, then each
         member's state decided on arrays (errors, the convergence rule of
         :func:`asp_gmm.reference.converged_many`, traces): a batch of 1 000 small problems spent
         3 ms a iteration in a Python loop over its members."""
         B = len(self.problems)
         N = np.array([max(p.N, 1) for p in self.problems], np.float64)
-        active = np.array([b not in skip for b in range(B)], bool)
+        skipped = np.zeros(B, bool)
+        skipped[list(skip)] = True
+        active = ~skipped
         trace = np.full((B, max_iters + 1), np.nan)
         iters = np.zeros(B, np.int64)
         conv = np.zeros(B, bool)
@@ -419,14 +461,9 @@ class CudaBatchSession(BatchSession):
                 conv |= done
                 active = ok & ~done
             self._read_params()
-        runs = []
-        for b in range(B):
-            if b in skip:
-                runs.append(MemberRun())
-                continue
-            k = int(iters[b])
-            runs.append(MemberRun(float(last[b]), k, bool(conv[b]), trace[b, : k + 1].tolist(), 0.0, errors.get(b)))
-        return runs
+        last[skipped] = np.nan
+        trace[skipped] = np.nan
+        return BatchRuns(last, iters, conv, trace, errors, skipped)
 
     def score(self, skip=()):
         B = len(self.problems)
