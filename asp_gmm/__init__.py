@@ -19,6 +19,7 @@ from .errors import (  # noqa: E402,F401
     NotPositiveDefiniteError,
 )
 from .gmm import GMM, compute_distance_BIC, freeze, prepare  # noqa: E402
+from .gmm_batch import GMMBatch  # noqa: E402
 from .many import Concat, Rows, compute_distance_BIC_many, prepare_many, score_many, train_many  # noqa: E402
 
 
@@ -37,6 +38,7 @@ __all__ = [
     "prepare",
     "freeze",
     "train_many",
+    "GMMBatch",
     "Concat",
     "Rows",
     "score_many",

@@ -12,6 +12,9 @@ first runs ``--warm`` calls that are not timed):
   iterations from given parameters (tol 0). asp_gmm one call each, asp_gmm batched, and gmm-gpu
   (``gmm_gpu.gmm.GMM(...).fit`` on a (1000, 400, 2) CUDA tensor, when installed and a GPU exists),
   with the largest relative error of the covariances against float64 EM (asp_gmm/reference.py).
+  The batched call is timed twice: ``train_many`` on 1 000 GMM objects, and one ``GMMBatch`` (the
+  array form: parameters and results as (1000, ...) arrays; made inside the clock, as gmm-gpu's
+  model is).
 
 The data is float32, the models fresh per call (same initial parameters, made before the clock:
 ``create_models_ms`` says what making the 1 000 GMM objects costs). Prints a table last.
@@ -110,8 +113,8 @@ def case_diar(backend, repeats, warm, rows):
 
 
 def case_gmmgpu(backend, repeats, warm, rows, n_one_each=1000):
+    from asp_gmm import GMMBatch, train_many
     from asp_gmm import reference as ref
-    from asp_gmm import train_many
 
     rng = np.random.default_rng(400)
     P, N, D, K, it = 1000, 400, 2, 2, 10
@@ -137,13 +140,23 @@ def case_gmmgpu(backend, repeats, warm, rows, n_one_each=1000):
     models(params, "full", backend)
     t_create = time.perf_counter() - t0
     tb = time_calls(batched, repeats, warm, lambda: models(params, "full", backend))
+    # the array form: one GMMBatch of the 1 000 problems (made inside the clock, as gmm-gpu's model)
+    W, MU, CV = (np.stack([p[i] for p in params]) for i in range(3))
+
+    def stacked(_):
+        gb = GMMBatch(P, K, D, means=MU, covars=CV, weights=W, cvtype="full", backend=backend)
+        gb.train(X, min_em_iters=it, max_em_iters=it, tol=0.0)
+        out["batch"] = gb
+
+    ts = time_calls(stacked, repeats, warm)
     # accuracy against float64 EM (first 50 problems)
-    err = 0.0
+    err = err_s = 0.0
     for p in range(50):
         w, mu, cv = params[p]
         r = ref.em(data[p].astype(np.float64), w, mu, cv, "full", 1e-6, it, it, 0.0)
         g = out["models"][p]
         err = max(err, float(np.max(np.abs(g.covars - r["covars"])) / np.max(np.abs(r["covars"]))))
+        err_s = max(err_s, float(np.max(np.abs(out["batch"].covars[p] - r["covars"])) / np.max(np.abs(r["covars"]))))
     row = dict(
         case="gmm-gpu shape 1000x400 D=2 K=2 full, 10 it",
         one_each_ms=1e3 * t1,
@@ -152,11 +165,14 @@ def case_gmmgpu(backend, repeats, warm, rows, n_one_each=1000):
         variant=out["models"][0].last_variant,
         cov_rel_err=err,
         create_models_ms=1e3 * t_create,
+        gmmbatch_ms=1e3 * ts,
+        gmmbatch_cov_rel_err=err_s,
     )
     peer = gmm_gpu_time(X, params, it, repeats)
     if peer is not None:
         row["gmm_gpu_ms"], row["gmm_gpu_cov_rel_err"] = peer[0], _peer_err(peer[1], data, params, it)
         row["vs_gmm_gpu"] = peer[0] / row["batched_ms"]
+        row["gmmbatch_vs_gmm_gpu"] = peer[0] / row["gmmbatch_ms"]
     rows.append(row)
     print(row, flush=True)
 
@@ -195,6 +211,8 @@ def gmm_gpu_time(X, params, it, repeats):
         if r >= 2:
             ts.append(time.perf_counter() - t0)
     cov = getattr(model, "covariances_", None)
+    if cov is None and getattr(model, "covs", None) is not None:  # gmm-gpu: one (B, D, D) tensor per component
+        cov = torch.stack(list(model.covs), 1)
     cov = cov.detach().cpu().numpy() if cov is not None and hasattr(cov, "detach") else cov
     return 1e3 * statistics.median(ts), cov
 
@@ -241,6 +259,12 @@ def main(argv=None):
         if "cov_rel_err" in r:
             extra += f"; asp err {r['cov_rel_err']:.1e}"
         print(f"{r['case']:48s} {r['one_each_ms']:12.1f} {r['batched_ms']:11.1f} {r['speedup']:6.1f}  {extra}")
+        if "gmmbatch_ms" in r:
+            x = r["one_each_ms"] / r["gmmbatch_ms"]
+            extra = f"GMMBatch (made in the clock); asp err {r['gmmbatch_cov_rel_err']:.1e}"
+            if "gmmbatch_vs_gmm_gpu" in r:
+                extra += f"; x{r['gmmbatch_vs_gmm_gpu']:.1f} vs gmm-gpu"
+            print(f"{'  the same as one GMMBatch':48s} {'':12s} {r['gmmbatch_ms']:11.1f} {x:6.1f}  {extra}")
 
 
 if __name__ == "__main__":

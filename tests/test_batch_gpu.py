@@ -9,7 +9,15 @@ issue 35 (and scripts/gpu_check.sh) runs it on the GPU machine.
 import numpy as np
 import pytest
 
-from asp_gmm import GMM, BatchMemberError, compute_distance_BIC, compute_distance_BIC_many, score_many, train_many
+from asp_gmm import (
+    GMM,
+    BatchMemberError,
+    GMMBatch,
+    compute_distance_BIC,
+    compute_distance_BIC_many,
+    score_many,
+    train_many,
+)
 from asp_gmm import reference as ref
 from asp_gmm import registry
 from asp_gmm.batch_driver import batch_support
@@ -189,3 +197,40 @@ def test_rows_beside_small_plain_members(rng):
     for b, (g, h) in enumerate(zip(many, host)):
         np.testing.assert_array_equal(g.covars, h.covars, err_msg=f"member {b}")
         assert g.loglik == h.loglik
+
+
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+@pytest.mark.parametrize("N, D, M", [(50, 2, 2), (517, 1, 1), (1003, 19, 3)])
+def test_gmmbatch_gpu_against_reference_and_train_many(cvtype, N, D, M, rng):
+    """GMMBatch (stacked parameters in and out of the GB session) against the float64 reference,
+    and equal to train_many on the same members (the same kernels: bitwise)."""
+    B = 7
+    X = np.stack([make_blobs(rng, N, D, min(M, 4), offset=1000.0 * (b % 2), dtype=np.float32) for b in range(B)])
+    params = [init_params(rng, X[b], M, cvtype) for b in range(B)]
+    W, MU, CV = (np.stack([p[i] for p in params]) for i in range(3))
+    batch = GMMBatch(B, M, D, means=MU, covars=CV, weights=W, cvtype=cvtype, backend="cuda")
+    ll = batch.train(X, min_em_iters=3, max_em_iters=3, tol=0.0)
+    assert batch.last_variant.startswith("GB") and ll.shape == (B,)
+    many = _models(params, D, cvtype)
+    train_many(many, X, min_em_iters=3, max_em_iters=3, tol=0.0)
+    for b in range(B):
+        np.testing.assert_array_equal(batch.covars[b], many[b].covars)
+        assert ll[b] == many[b].loglik
+        if N >= 10 * D:
+            rr = ref.em(X[b].astype(np.float64), W[b], MU[b], CV[b], cvtype, 1e-6, 3, 3, 0.0)
+            check_fit(batch.covars[b], batch.means[b], batch.weights[b], ll[b], rr)
+
+
+def test_gmmbatch_gpu_bad_member(rng):
+    X = np.stack([make_blobs(rng, 300, 4, 2, dtype=np.float32) for _ in range(5)])
+    X[3, 10, 2] = np.inf
+    batch = GMMBatch(5, 2, 4, cvtype="diag", backend="cuda")
+    with pytest.raises(BatchMemberError) as info:
+        batch.train(X, max_em_iters=5)
+    assert set(info.value.errors) == {3} and "X[3]" in str(info.value.errors[3])
+    ok = [0, 1, 2, 4]
+    assert np.isfinite(batch.loglik[ok]).all() and np.isnan(batch.means[3]).all()
+    for b in ok:
+        g = GMM(2, 4, cvtype="diag", backend="cuda")
+        g.train(X[b], max_em_iters=5)
+        np.testing.assert_allclose(batch.means[b], g.means, rtol=1e-4, atol=1e-4)
