@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import selection
-from .backends.batch_base import BatchRuns, MemberRun, check_problems
+from .backends.batch_base import BatchRuns, DeviceStack, MemberRun, check_problems
 from .errors import CompileError, KernelError
 from .problem import BatchProblem
 from .registry import Config
@@ -245,7 +245,7 @@ class BatchSpecializer:
         cands = self.candidates(view, bp, variant) if (view is not None or variant) else []
         if not cands:
             return None
-        if not (isinstance(Xs, np.ndarray) and Xs.ndim == 3):  # (B, N, D): the members as they are
+        if not (isinstance(Xs, (np.ndarray, DeviceStack)) and Xs.ndim == 3):  # (B, N, D): the members as they are
             Xs = [_joined(X, view.support) for X in Xs]
         t_start = time.perf_counter()
         tuning = selection.autotune_enabled()

@@ -143,6 +143,23 @@ def first_non_finite(X):
     return None
 
 
+def finite_members(X) -> np.ndarray:
+    """Per member of the (B, N, D) CUDA array X, whether all its values are finite: ``(B,)`` bool
+    on the host, computed on the device (PyTorch, CuPy) or from a host copy (other producers)."""
+    X = as_interface(X)
+    lib = _lib(X)
+    B = int(describe(X)["shape"][0])
+    if lib == "torch":
+        import torch
+
+        return torch.isfinite(X).reshape(B, -1).all(dim=1).cpu().numpy()
+    if lib == "cupy":
+        import cupy
+
+        return cupy.isfinite(X).reshape(B, -1).all(axis=1).get()
+    return np.isfinite(to_host(X)).reshape(B, -1).all(axis=1)
+
+
 def seed_stats(X, cvtype: str):
     """``(n, mean (D,), covariance (D, D) or variances (D,))`` of X in float64, on the device in
     row chunks (sums centred on the first row)."""

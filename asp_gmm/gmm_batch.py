@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from . import cuda_arrays
+from .backends.batch_base import DeviceStack
 from .batch_driver import BatchSpecializer
 from .errors import BatchMemberError
 from .fit.data import Data, check_data
@@ -186,7 +187,9 @@ class GMMBatch:
         else a list."""
         need = self.M if method == "train" else 1
         if cuda_arrays.is_cuda_array(X):
-            X = cuda_arrays.to_host(X)
+            if self.backend == "cuda" and len(cuda_arrays.describe(X)["shape"]) == 3 and not self._needs_seed():
+                return self._device_members(X, method, need)
+            X = cuda_arrays.to_host(X)  # another backend, a ragged form, or seeding (reads the data on the host)
         if isinstance(X, np.ndarray) and X.ndim == 3:
             if X.shape[0] != self.B:
                 raise ValueError(f"{method}(): X holds {X.shape[0]} members' data but the batch has B={self.B}")
@@ -237,6 +240,35 @@ class GMMBatch:
         raise TypeError(
             f"{method}(): X must be an array (B, N, D) or a sequence of B arrays (N_b, D), got {type(X).__name__}"
         )
+
+    def _device_members(self, X, method: str, need: int):
+        """A (B, N, D) CUDA array checked on its device (shape, dtype, NaN/inf per member) and kept
+        there: the CUDA batch copies it device to device."""
+        X = cuda_arrays.in_dtype(X, self.dtype)
+        info = cuda_arrays.describe(X)
+        B, N, D = info["shape"]
+        if B != self.B:
+            raise ValueError(f"{method}(): X holds {B} members' data but the batch has B={self.B}")
+        if D != self.D:
+            raise ValueError(f"{method}(): X has {D} dimensions but the members have D={self.D}")
+        if N < need:
+            raise ValueError(
+                f"{method}(): every member has N={N} events, fewer than the M={self.M} components; "
+                "use fewer components or more data"
+            )
+        errors = {}
+        for b in np.flatnonzero(~cuda_arrays.finite_members(X)):
+            row, col = cuda_arrays.first_non_finite(X[int(b)])
+            errors[int(b)] = ValueError(
+                f"X[{b}] contains NaN or infinity (first at row {row}, column {col}); remove or impute those "
+                "events before " + ("training" if method == "train" else f"{method}()")
+            )
+        return DeviceStack(X, info["ptr"], (B, N, D), self.dtype), errors
+
+    def _needs_seed(self) -> bool:
+        if self.means is None or self.covars is None or self.weights is None:
+            return True
+        return not np.isfinite(self.weights).all()
 
     def _seed_missing(self, Xs, errors) -> None:
         """Seed the parameters not given, each member from its own data as ``GMM.train`` does
@@ -310,7 +342,10 @@ class GMMBatch:
         self.loglik_trace = np.full((self.B, int(max_em_iters) + 1), np.nan)
         if run.size:
             whole = run.size == self.B
-            if isinstance(Xs, np.ndarray):  # (B, N, D) stays one array: a backend may take it in one copy
+            if isinstance(Xs, DeviceStack):  # on the GPU: the members that run, gathered there
+                members = Xs if whole else _device_subset(Xs, run)
+                Ns = [Xs.shape[1]] * run.size
+            elif isinstance(Xs, np.ndarray):  # (B, N, D) stays one array: a backend may take it in one copy
                 members = Xs if whole else Xs[run]
                 Ns = [Xs.shape[1]] * run.size
             else:
@@ -380,6 +415,8 @@ class GMMBatch:
             Xs, errors = [one] * self.B, {}
         else:
             Xs, errors = self._members(X, "score")
+            if isinstance(Xs, DeviceStack):  # scoring reads each member's rows on the host
+                Xs = np.ascontiguousarray(cuda_arrays.to_host(Xs.X), dtype=self.dtype)
         for b in np.flatnonzero(~np.isfinite(self.weights).all(axis=1)):
             errors.setdefault(int(b), RuntimeError(f"member {b} has no parameters (its first train failed)"))
         run = [b for b in range(self.B) if b not in errors]
@@ -404,6 +441,20 @@ class GMMBatch:
         if isinstance(X, (list, tuple)):
             return out
         return np.stack(out)
+
+
+def _device_subset(S: DeviceStack, run: np.ndarray) -> DeviceStack:
+    """The members ``run`` of a device stack, gathered on the device (a new contiguous array)."""
+    X = S.X
+    if type(X).__module__.split(".")[0] == "torch":
+        import torch
+
+        sub = X[torch.as_tensor(run, device=X.device)].contiguous()
+    else:
+        xp = __import__(type(X).__module__.split(".")[0])
+        sub = xp.ascontiguousarray(X[xp.asarray(run)])
+    info = cuda_arrays.describe(sub)
+    return DeviceStack(sub, info["ptr"], info["shape"], S.dtype)
 
 
 def _finite_members(A: np.ndarray) -> np.ndarray:

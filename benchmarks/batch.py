@@ -149,6 +149,22 @@ def case_gmmgpu(backend, repeats, warm, rows, n_one_each=1000):
         out["batch"] = gb
 
     ts = time_calls(stacked, repeats, warm)
+    # and on a (1000, 400, 2) CUDA tensor, as gmm-gpu is given its data (checked and copied on the GPU)
+    td = None
+    if backend == "cuda":
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                Xt = torch.from_numpy(X).cuda()
+
+                def on_device(_):
+                    gb = GMMBatch(P, K, D, means=MU, covars=CV, weights=W, cvtype="full", backend=backend)
+                    gb.train(Xt, min_em_iters=it, max_em_iters=it, tol=0.0)
+
+                td = time_calls(on_device, repeats, warm)
+        except ImportError:
+            pass
     # accuracy against float64 EM (first 50 problems)
     err = err_s = 0.0
     for p in range(50):
@@ -166,13 +182,17 @@ def case_gmmgpu(backend, repeats, warm, rows, n_one_each=1000):
         cov_rel_err=err,
         create_models_ms=1e3 * t_create,
         gmmbatch_ms=1e3 * ts,
+        gmmbatch_tensor_ms=None if td is None else 1e3 * td,
         gmmbatch_cov_rel_err=err_s,
     )
     peer = gmm_gpu_time(X, params, it, repeats)
     if peer is not None:
         row["gmm_gpu_ms"], row["gmm_gpu_cov_rel_err"] = peer[0], _peer_err(peer[1], data, params, it)
+        row["gmm_gpu_means_rel_err"] = _peer_err(peer[2], data, params, it, "means")
         row["vs_gmm_gpu"] = peer[0] / row["batched_ms"]
         row["gmmbatch_vs_gmm_gpu"] = peer[0] / row["gmmbatch_ms"]
+        if td is not None:
+            row["gmmbatch_tensor_vs_gmm_gpu"] = peer[0] / row["gmmbatch_tensor_ms"]
     rows.append(row)
     print(row, flush=True)
 
@@ -214,11 +234,14 @@ def gmm_gpu_time(X, params, it, repeats):
     if cov is None and getattr(model, "covs", None) is not None:  # gmm-gpu: one (B, D, D) tensor per component
         cov = torch.stack(list(model.covs), 1)
     cov = cov.detach().cpu().numpy() if cov is not None and hasattr(cov, "detach") else cov
-    return 1e3 * statistics.median(ts), cov
+    mu = getattr(model, "means", None)  # gmm-gpu: one (B, D) tensor per component
+    mu = torch.stack(list(mu), 1).detach().cpu().numpy() if isinstance(mu, (list, tuple)) else None
+    return 1e3 * statistics.median(ts), cov, mu
 
 
-def _peer_err(cov, data, params, it):
-    if cov is None:
+def _peer_err(got, data, params, it, what="covars"):
+    """The largest relative error of the peer's ``what`` (first 50 problems) against float64 EM."""
+    if got is None:
         return float("nan")
     from asp_gmm import reference as ref
 
@@ -226,7 +249,7 @@ def _peer_err(cov, data, params, it):
     for p in range(50):
         w, mu, cv = params[p]
         r = ref.em(data[p].astype(np.float64), w, mu, cv, "full", 1e-6, it, it, 0.0)
-        err = max(err, float(np.max(np.abs(cov[p] - r["covars"])) / np.max(np.abs(r["covars"]))))
+        err = max(err, float(np.max(np.abs(got[p] - r[what])) / np.max(np.abs(r[what]))))
     return err
 
 
@@ -256,6 +279,7 @@ def main(argv=None):
         extra = r["variant"]
         if "gmm_gpu_ms" in r:
             extra += f"; gmm-gpu {r['gmm_gpu_ms']:.1f} ms (x{r['vs_gmm_gpu']:.1f}), err {r['gmm_gpu_cov_rel_err']:.1e}"
+            extra += f" (means {r.get('gmm_gpu_means_rel_err', float('nan')):.1e})"
         if "cov_rel_err" in r:
             extra += f"; asp err {r['cov_rel_err']:.1e}"
         print(f"{r['case']:48s} {r['one_each_ms']:12.1f} {r['batched_ms']:11.1f} {r['speedup']:6.1f}  {extra}")
@@ -265,6 +289,14 @@ def main(argv=None):
             if "gmmbatch_vs_gmm_gpu" in r:
                 extra += f"; x{r['gmmbatch_vs_gmm_gpu']:.1f} vs gmm-gpu"
             print(f"{'  the same as one GMMBatch':48s} {'':12s} {r['gmmbatch_ms']:11.1f} {x:6.1f}  {extra}")
+        if r.get("gmmbatch_tensor_ms"):
+            x = r["one_each_ms"] / r["gmmbatch_tensor_ms"]
+            extra = "GMMBatch on the CUDA tensor"
+            if "gmmbatch_tensor_vs_gmm_gpu" in r:
+                extra += f"; x{r['gmmbatch_tensor_vs_gmm_gpu']:.1f} vs gmm-gpu"
+            print(
+                f"{'  the same, X a torch CUDA tensor':48s} {'':12s} {r['gmmbatch_tensor_ms']:11.1f} {x:6.1f}  {extra}"
+            )
 
 
 if __name__ == "__main__":

@@ -106,6 +106,27 @@ class BatchRuns:
         return runs
 
 
+class DeviceStack:
+    """B members of equal N as one C-contiguous (B, N, D) CUDA array (PyTorch, CuPy), checked:
+    a batched session of the CUDA backend copies it on the device (no host copy). Indexing and
+    iteration give each member as a host array (a backend that cannot take it)."""
+
+    def __init__(self, X, ptr: int, shape: tuple, dtype):
+        self.X, self.ptr, self.shape, self.dtype = X, int(ptr), tuple(shape), np.dtype(dtype)
+        self.ndim = 3
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, b):
+        from ..cuda_arrays import to_host
+
+        return np.ascontiguousarray(to_host(self.X[b]), dtype=self.dtype)
+
+    def __iter__(self):
+        return (self[b] for b in range(len(self)))
+
+
 class BatchSession(abc.ABC):
     """The members' data and parameters on one backend.
 

@@ -21,7 +21,7 @@ from ...errors import NonFiniteError, NotPositiveDefiniteError
 from ...problem import BatchProblem, Problem
 from ...reference import change_per_event, converged_many
 from ..base import Kernel
-from ..batch_base import BatchRuns, BatchSession, BatchSupport
+from ..batch_base import BatchRuns, BatchSession, BatchSupport, DeviceStack
 from .backend import component_class
 from .compile import binary_name, is_cached, load_module, render_source
 
@@ -136,7 +136,11 @@ class CudaBatchSession(BatchSession):
         # members given as rows of an immutable array (asp_gmm.Rows) first, grouped by array: one
         # gather per array from its resident copy on the device (no host gather, no upload)
         gathers, rowsof = [], {}
-        if isinstance(Xs, np.ndarray) and Xs.ndim == 3:
+        device = None  # a (B, N, D) CUDA array (DeviceStack): copied on the device
+        if isinstance(Xs, DeviceStack):
+            xoff[:] = self.off[:-1]
+            device, rows, Xs = Xs, int(self.off[-1]), ()
+        elif isinstance(Xs, np.ndarray) and Xs.ndim == 3:
             # one (B, N, D) array (asp_gmm.GMMBatch): the members' rows already in order, one copy
             xoff[:] = self.off[:-1]
             parts, rows, Xs = [Xs.reshape(-1, Xs.shape[2])], int(self.off[-1]), ()
@@ -212,6 +216,12 @@ class CudaBatchSession(BatchSession):
                 a = np.ascontiguousarray(part, dtype=np.float32)
                 if a.nbytes:
                     self.drv.memcpy_htod(self.X + row * D * 4, a)
+            if device is not None:
+                if device.dtype != np.float32 or device.shape != (B, ntot // max(B, 1), D):
+                    raise ValueError(
+                        f"the batch's CUDA array is {device.dtype} {device.shape}; it needs float32 (B, N, {D})"
+                    )
+                self.drv.memcpy_dtod(self.X, device.ptr, rows * D * 4)
             for at, q in src.values():
                 a = np.ascontiguousarray(q, dtype=np.float32)
                 if a.nbytes:
