@@ -464,6 +464,7 @@ def _finite_members(A: np.ndarray) -> np.ndarray:
     flat = A.reshape(B, -1)
     step = max(1, _CHUNK // max(flat.shape[1], 1))
     ok = np.empty(B, bool)
-    for i in range(0, B, step):
-        ok[i : i + step] = np.isfinite(flat[i : i + step]).all(axis=1)
+    for i in range(0, B, step):  # finite minimum and maximum: every value finite (see fit.data)
+        part = flat[i : i + step]
+        ok[i : i + step] = np.isfinite(part.min(axis=1)) & np.isfinite(part.max(axis=1))
     return ok

@@ -103,3 +103,23 @@ def test_immutable_data_is_checked_once(monkeypatch):
     for _ in range(3):
         g.score(R)
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_the_first_non_finite_value_is_found_in_any_chunk(dtype, bad, monkeypatch):
+    """The chunks' minimum and maximum find NaN and both infinities; the position is the first one,
+    in the first chunk, a middle one, the last (partial) chunk, across chunk edges."""
+    from asp_gmm.fit import data
+
+    monkeypatch.setattr(data, "_CHUNK", 1000)
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((2003, 7)).astype(dtype)
+    assert data._first_non_finite(X) is None
+    for flat in (0, 999, 1000, 6999, 7003, 14020):
+        Y = X.copy()
+        Y.reshape(-1)[flat] = bad
+        Y.reshape(-1)[min(flat + 1500, Y.size - 1)] = np.nan  # a later one is not reported
+        assert data._first_non_finite(Y) == divmod(flat, 7)
+        with pytest.raises(ValueError, match=f"row {flat // 7}, column {flat % 7}"):
+            check_data(Y, 7, dtype)
