@@ -215,6 +215,9 @@ def gmm_gpu_time(X, params, it, repeats):
     prec = torch.tensor(np.linalg.inv(np.stack([p[2] for p in params])), dtype=torch.float32, device=dev)
     ts, model = [], None
     for r in range(repeats + 2):
+        # fresh copies each fit: gmm-gpu keeps views of the initial tensors as its parameters and
+        # its M-step writes them in place (the next fit would start where the last one ended)
+        w0, mu0, prec0 = w.clone(), mu.clone(), prec.clone()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         model = GG(
@@ -222,9 +225,9 @@ def gmm_gpu_time(X, params, it, repeats):
             max_iter=it,
             device=dev,
             tol=0.0,
-            means_init=mu,
-            weights_init=w,
-            precisions_init=prec,
+            means_init=mu0,
+            weights_init=w0,
+            precisions_init=prec0,
         )
         model.fit(Xt)
         torch.cuda.synchronize()

@@ -32,6 +32,17 @@ SIGNATURES = {
     "asp_batch_mstep": "PPPPPPPPPPPPPP",
     "asp_batch_gather": "PiPiP",
 }
+#: the split M-step's kernels (GBS: manifests with ``derived split = 1``)
+SPLIT_SIGNATURES = {
+    "asp_batch_msum1": "PPPPPPPPP",
+    "asp_batch_msum2": "PPPPPPPPP",
+    "asp_batch_mfinal": "PPPPPPPPPPP",
+}
+
+
+def is_split(variant) -> bool:
+    """Whether the batched variant runs the M-step split over chunks of events (GBS)."""
+    return str(variant.extra.get("derived", {}).get("split", "0")).strip() == "1"
 
 
 def binary_problem(problem) -> Problem:
@@ -44,7 +55,7 @@ class CudaBatchSupport(BatchSupport):
     """Compiles and loads the CUDA batched variants (one module per (D, component class, cvtype,
     tunables))."""
 
-    preference = ("GB",)
+    preference = ("GBS", "GB")
     takes_parts = True
     takes_rows = True
 
@@ -90,8 +101,9 @@ class CudaBatchSupport(BatchSupport):
             if k is None:
                 mod, path = load_module(dev, src, name)
                 fns = {}
+                sigs = {**SIGNATURES, **(SPLIT_SIGNATURES if is_split(variant) else {})}
                 with dev.active():
-                    for fname, sig in SIGNATURES.items():
+                    for fname, sig in sigs.items():
                         fn = mod.get_function(fname)
                         fn.prepare(sig)
                         fns[fname] = fn
@@ -115,6 +127,8 @@ class CudaBatchSession(BatchSession):
         self.drv = dev.drv
         _mod, self.fns, bp = kernel.handle
         self.threads = int(kernel.tunables["threads"])
+        # GBS: the M-step over chunks of `chunk` events (a chunk table like the E-step's blocks)
+        self.chunk = int(kernel.tunables["chunk"]) if "asp_batch_msum1" in self.fns else 0
         self.D, self.MP, self.full = bp.D, bp.M, bp.cvtype == "full"
         self.cells = self.D * (self.D + 1) // 2 if self.full else self.D
         B, T = len(problems), self.threads
@@ -127,6 +141,15 @@ class CudaBatchSession(BatchSession):
         starts = np.repeat(self.off[:-1].astype(np.int64), nblk)
         within = np.arange(self.nblocks, dtype=np.int64) - np.repeat(np.cumsum(nblk) - nblk, nblk)
         blk_first = (starts + within * T).astype(np.int32)
+        chk_member = chk_first = np.zeros(1, np.int32)
+        self.nchunks = 0
+        if self.chunk:
+            nch = -(-Ns // self.chunk)
+            self.nchunks = int(nch.sum())
+            chk_member = np.repeat(np.arange(B, dtype=np.int32), nch)
+            cstart = np.repeat(self.off[:-1].astype(np.int64), nch)
+            cwithin = np.arange(self.nchunks, dtype=np.int64) - np.repeat(np.cumsum(nch) - nch, nch)
+            chk_first = (cstart + cwithin * self.chunk).astype(np.int32)
         self.mcount = np.array([p.M for p in problems], np.int32)
         # members given the same array (scoring one data set under many models) share its rows; a
         # member given as parts (asp_gmm.Concat: two clusters' frames for their merged model) gets
@@ -188,10 +211,12 @@ class CudaBatchSession(BatchSession):
         # every buffer carved from one allocation (one cuMemAlloc and one free per session instead
         # of eighteen: the 1-hour diarization opens 86 sessions), the members' index arrays copied
         # up in one transfer; the distinct parts (S) last
-        index = [xoff.astype(np.int32), self.off, blk_member, blk_first, self.mcount]
+        index = [xoff.astype(np.int32), self.off, blk_member, blk_first, self.mcount, chk_member, chk_first]
+        self.acc_words = 2 * B * MP * (1 + D + C) if self.chunk else 0  # GBS's sums (doubles)
         sizes = [rows * D * 4] + [a.nbytes for a in index]
         sizes += [max(ntot, 1) * MP * 4, max(ntot, 1) * 4, B * MP * 8, B * MP * D * 8, B * MP * C * 8]
         sizes += [B * MP * D * 4, B * MP * C * 4, B * MP * 4, B * 8, B * 4, B * 4, B * 8, srows * D * 4, nidx * 4]
+        sizes += [self.acc_words * 4]
         offs, total = [], 0
         for n in sizes:
             offs.append(total)
@@ -200,16 +225,19 @@ class CudaBatchSession(BatchSession):
             base = int(self._alloc(total))
             ptr = [base + o for o in offs]
             (self.X, self.d_xoff, self.d_off, self.d_blk_member, self.d_blk_first, self.d_mcount) = ptr[:6]
-            (self.resp, self.lp, self.wsrc, self.mu, self.cov, self.muf, self.prec) = ptr[6:13]
-            (self.logd, self.ll, self.act, self.bad, self.reg, S, G) = ptr[13:]
-            packed = np.zeros(offs[6] - offs[1], np.uint8)  # the index arrays at their offsets
-            for a, o in zip(index, offs[1:6]):
+            (self.d_chk_member, self.d_chk_first) = ptr[6:8]
+            (self.resp, self.lp, self.wsrc, self.mu, self.cov, self.muf, self.prec) = ptr[8:15]
+            (self.logd, self.ll, self.act, self.bad, self.reg, S, G, self.acc) = ptr[15:]
+            packed = np.zeros(offs[8] - offs[1], np.uint8)  # the index arrays at their offsets
+            for a, o in zip(index, offs[1:8]):
                 packed[o - offs[1] : o - offs[1] + a.nbytes] = a.view(np.uint8)
             self.drv.memcpy_htod(self.d_xoff, packed)
             # large arrays straight to their rows on the device (no host concatenation of the
             # merged clusters' frames); many small ones concatenated first (one copy, not one each)
             starts = [first[id(q)] for q in parts] if first else [0] * len(parts)
-            if not joins and len(parts) > 1 and rows * D * 4 < len(parts) << 20:
+            if not joins and len(parts) > 1 and rows * D * 4 < len(parts) << 17:
+                # (parts of 128 KB and more go one copy each: a copy call costs ~20 us, and
+                # concatenating a 32-member diarization batch's 20 MB on the host cost ~3 ms)
                 # without joins the plain arrays' rows follow one another (after any gathered rows)
                 parts, starts = [np.concatenate(parts)], starts[:1]
             for row, part in zip(starts, parts):
@@ -400,6 +428,8 @@ class CudaBatchSession(BatchSession):
         return ll
 
     def _mstep(self):
+        if self.chunk:
+            return self._mstep_split()
         B = len(self.problems)
         self.fns["asp_batch_mstep"].prepared_call(
             (B * self.MP, 1, 1),
@@ -411,6 +441,34 @@ class CudaBatchSession(BatchSession):
             self.d_mcount,
             self.resp,
             self.reg,
+            self.wsrc,
+            self.mu,
+            self.cov,
+            self.muf,
+            self.prec,
+            self.logd,
+            self.bad,
+        )
+        bad = np.empty(B, np.int32)
+        self.drv.memcpy_dtoh(bad, self.bad)
+        return bad
+
+    def _mstep_split(self):
+        """GBS: the M-step in three launches over chunks of the members' events (see the
+        template's GBS section); the sums are zeroed first."""
+        B, MP, T = len(self.problems), self.MP, (self.threads, 1, 1)
+        self.drv.memset_d32(self.acc, 0, self.acc_words)
+        if self.nchunks:
+            args = (self.X, self.d_xoff, self.d_off, self.d_chk_member, self.d_chk_first, self.act, self.d_mcount)
+            self.fns["asp_batch_msum1"].prepared_call((self.nchunks, MP, 1), T, *args, self.resp, self.acc)
+            self.fns["asp_batch_msum2"].prepared_call((self.nchunks, MP, 1), T, *args, self.resp, self.acc)
+        self.fns["asp_batch_mfinal"].prepared_call(
+            (B * MP, 1, 1),
+            T,
+            self.act,
+            self.d_mcount,
+            self.reg,
+            self.acc,
             self.wsrc,
             self.mu,
             self.cov,
