@@ -251,6 +251,18 @@ class BatchSpecializer:
         tuning = selection.autotune_enabled()
         plan = self.policy.choose(view, bp, cands, pinned=variant is not None, tuning=tuning)
         cfg = plan.explore[0] if plan.explore else plan.primary
+        later = list(plan.compile_later)
+        if not plan.explore and plan.primary_in_background and not view.is_ready(cfg.variant, cfg.params, bp):
+            # the planned configuration is not compiled: a compiled one of the fixed rule's order
+            # runs this call and the planned one compiles in the background (a call never waits
+            # for an optional compile; the 1-hour diarization waited 1.3 s for one)
+            alt = next(
+                (c for c in selection.rule_order(view, cands) if c != cfg and view.is_ready(c.variant, c.params, bp)),
+                None,
+            )
+            if alt is not None:
+                later.append(cfg)
+                cfg = alt
         try:
             kernel = view.support.kernel(cfg.variant, cfg.params, bp)
         except CompileError:
@@ -275,7 +287,7 @@ class BatchSpecializer:
             out = collect(session, bad, runs, cfg, plan, time.perf_counter() - t_start)
         finally:
             session.close()
-        for c in plan.compile_later:
+        for c in later:
             self._compile_later(view, c, bp)
         return out
 

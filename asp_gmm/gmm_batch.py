@@ -20,6 +20,7 @@ iterations and convergence rule).
 
 from __future__ import annotations
 
+import importlib
 import numbers
 
 import numpy as np
@@ -451,7 +452,7 @@ def _device_subset(S: DeviceStack, run: np.ndarray) -> DeviceStack:
 
         sub = X[torch.as_tensor(run, device=X.device)].contiguous()
     else:
-        xp = __import__(type(X).__module__.split(".")[0])
+        xp = importlib.import_module(type(X).__module__.split(".")[0])
         sub = xp.ascontiguousarray(X[xp.asarray(run)])
     info = cuda_arrays.describe(sub)
     return DeviceStack(sub, info["ptr"], info["shape"], S.dtype)

@@ -402,3 +402,36 @@ def test_rows_refuses_what_it_cannot_trust(rng):
     g = GMM(2, 3, backend="c", dtype=np.float32, seed=0)
     train_many([g], [Rows(Xf, np.arange(40))], 2, 2)
     assert g.n_events == 40 and g.means.dtype == np.float32
+
+
+def test_a_batch_never_waits_for_its_planned_configuration_to_compile(rng, monkeypatch):
+    """A planned batched configuration that is not compiled (the history's best for a class whose
+    binary this process has not built) compiles in the background; a compiled one of the fixed
+    rule's order runs the call meanwhile, with the same results."""
+    import dataclasses
+
+    from asp_gmm.batch_driver import BatchSpecializer, batch_support
+    from asp_gmm.selection.plan import Plan
+
+    data, params = _batch(rng, 3, "diag", np.float64)
+    models = _models(params, 3, "diag", np.float64, "c")
+    spec = BatchSpecializer(models[0]._specializer)
+    view = batch_support(spec.backend)
+    problems = [g._problem(len(X)) for g, X in zip(models, data)]
+    bp = BatchProblem.of(problems)
+    cands = spec.candidates(view, bp)
+    planned = next(c for c in cands if c.variant.name == "CBE")
+    monkeypatch.setattr(type(view), "is_ready", lambda self, v, t, p: v.name != "CBE")
+    monkeypatch.setattr(
+        spec.policy, "choose", lambda *a, **k: dataclasses.replace(Plan(planned), primary_in_background=True)
+    )
+    built, later = [], []
+    kernel = view.support.kernel
+    monkeypatch.setattr(view.support, "kernel", lambda v, t, p: built.append(v.name) or kernel(v, t, p))
+    monkeypatch.setattr(spec, "_compile_later", lambda view, c, bp: later.append(c.variant.name))
+    got = spec.train(data, params, problems, [1e-6] * len(data), 3, 3, 0.0)
+    assert "CBE" not in built and built and later == ["CBE"]
+    alone = _models(params, 3, "diag", np.float64, "c")
+    for g, X, r in zip(alone, data, got):
+        g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0)
+        _close(r.covars, g.covars, TOL["float64"], "stand-in")
