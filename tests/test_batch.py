@@ -435,3 +435,29 @@ def test_a_batch_never_waits_for_its_planned_configuration_to_compile(rng, monke
     for g, X, r in zip(alone, data, got):
         g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0)
         _close(r.covars, g.covars, TOL["float64"], "stand-in")
+
+
+def test_prepare_compiles_what_runs_first_and_the_rest_in_the_background(monkeypatch):
+    """prepare() builds each class's first configuration in the foreground, loads those already
+    compiled, and hands the others to the background compiler (a cold start does not wait for
+    every configuration the history may explore)."""
+    from asp_gmm.batch_driver import BatchSpecializer, batch_support
+
+    g = GMM(4, 3, cvtype="diag", dtype=np.float64, backend="c")
+    spec = BatchSpecializer(g._specializer)
+    view = batch_support(spec.backend)
+    bp = BatchProblem(10_000, 3, 4, "diag", "float64", B=2)
+    cands = spec.candidates(view, bp)
+    first = spec.policy.choose(view, bp, cands, tuning=False).primary
+    cached = next(c for c in cands if c != first)
+    monkeypatch.setattr(
+        type(view), "is_ready", lambda self, v, t, p: v.name in (first.variant.name, cached.variant.name)
+    )
+    built, later = [], []
+    kernel = view.support.kernel
+    monkeypatch.setattr(view.support, "kernel", lambda v, t, p: built.append(v.name) or kernel(v, t, p))
+    monkeypatch.setattr(spec, "_compile_later", lambda view, c, bp: later.append(c.variant.name))
+    n = spec.prepare([bp])
+    rest = sorted(c.variant.name for c in cands if c.variant.name not in (first.variant.name, cached.variant.name))
+    assert built[0] == first.variant.name and cached.variant.name in built and n == len(cands) - len(rest)
+    assert sorted(later) == rest and not set(later) & set(built)
