@@ -63,17 +63,21 @@ class BatchRuns:
     skipped: np.ndarray
 
     @classmethod
-    def of(cls, runs: list, max_iters: int, skip=()) -> "BatchRuns":
-        """The arrays of a list of :class:`MemberRun` (members in ``skip`` did not run)."""
-        B = len(runs)
-        out = cls(
+    def empty(cls, B: int, max_iters: int, skipped: bool = False) -> "BatchRuns":
+        """B members that have not run (``skipped``: marked as skipped, to be filled in)."""
+        return cls(
             np.full(B, np.nan),
             np.zeros(B, np.int64),
             np.zeros(B, bool),
             np.full((B, max_iters + 1), np.nan),
             {},
-            np.zeros(B, bool),
+            np.full(B, skipped),
         )
+
+    @classmethod
+    def of(cls, runs: list, max_iters: int, skip=()) -> "BatchRuns":
+        """The arrays of a list of :class:`MemberRun` (members in ``skip`` did not run)."""
+        out = cls.empty(len(runs), max_iters)
         for b, r in enumerate(runs):
             if b in skip:
                 out.skipped[b] = True

@@ -242,14 +242,7 @@ class CBatchSession(BatchSession):
             )
 
         self._spread(run, [self.problems[b] for b in live])
-        out = BatchRuns(
-            np.full(nb, np.nan),
-            np.zeros(nb, np.int64),
-            np.zeros(nb, bool),
-            np.full((nb, max_iters + 1), np.nan),
-            {},
-            np.ones(nb, bool),
-        )
+        out = BatchRuns.empty(nb, max_iters, skipped=True)  # the members that ran are filled in
         if n:
             at = np.asarray(live, np.intp)
             out.loglik[at], out.iters[at], out.converged[at] = ll[:n], iters[:n], conv[:n] != 0

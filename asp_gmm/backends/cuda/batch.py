@@ -441,15 +441,18 @@ class CudaBatchSession(BatchSession):
             self.d_mcount,
             self.resp,
             self.reg,
-            self.wsrc,
-            self.mu,
-            self.cov,
-            self.muf,
-            self.prec,
-            self.logd,
-            self.bad,
+            *self._mstep_out(),
         )
-        bad = np.empty(B, np.int32)
+        return self._bad()
+
+    def _mstep_out(self):
+        """What an M-step writes (both forms): weights, means, covariances, the E-step's factors,
+        the status words."""
+        return (self.wsrc, self.mu, self.cov, self.muf, self.prec, self.logd, self.bad)
+
+    def _bad(self):
+        """The members' status words after an M-step (0, or 1 + a component not positive definite)."""
+        bad = np.empty(len(self.problems), np.int32)
         self.drv.memcpy_dtoh(bad, self.bad)
         return bad
 
@@ -469,17 +472,9 @@ class CudaBatchSession(BatchSession):
             self.d_mcount,
             self.reg,
             self.acc,
-            self.wsrc,
-            self.mu,
-            self.cov,
-            self.muf,
-            self.prec,
-            self.logd,
-            self.bad,
+            *self._mstep_out(),
         )
-        bad = np.empty(B, np.int32)
-        self.drv.memcpy_dtoh(bad, self.bad)
-        return bad
+        return self._bad()
 
     def em(self, *, min_iters, max_iters, tol, reg_covars, skip=()):
         return self.em_arrays(
