@@ -271,6 +271,9 @@ def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
         10_000,
         params.cvtype,
         params.dtype,
+        # a batched run trains and scores its clusters in batched calls: single calls of this D are
+        # made only by the cosine check's background model and the CLR stop rule
+        single=params.cosine_threshold > -1.0 or params.stop_rule == "clr",
     )
     if be.batched:
         # prepare() has loaded every binary the run calls and opened the tuning history; toy EM
