@@ -127,14 +127,18 @@ class GMM:
         self.converged = False
         self.last_variant = None
 
-    def _check_param(self, name, value, shape):
+    def _check_param(self, name, value, shape, copy: bool = False, hint: str = ""):
+        """``value`` as a C-contiguous array of the model's dtype and ``shape`` (``copy``: always a
+        new array), or a clear error; ``hint`` follows the expected shape in the message."""
         arr = np.asarray(value)
         if arr.dtype.kind not in "fiu":
             raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
         if arr.shape != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+            raise ValueError(f"{name} must have shape {shape}{hint}, got {arr.shape}")
         if not np.isfinite(arr).all():
             raise ValueError(f"{name} contains NaN or infinity")
+        if copy:
+            return np.array(arr, dtype=self.dtype, order="C")
         return np.ascontiguousarray(arr, dtype=self.dtype)
 
     # ------------------------------------------------------------------ helpers

@@ -132,14 +132,8 @@ class GMMBatch:
         self.last_variant = None
 
     def _check_param(self, name, value, shape):
-        arr = np.asarray(value)
-        if arr.dtype.kind not in "fiu":
-            raise TypeError(f"{name} must be numeric, got dtype {arr.dtype}")
-        if arr.shape != shape:
-            raise ValueError(f"{name} must have shape {shape} (B members first), got {arr.shape}")
-        if not np.isfinite(arr).all():
-            raise ValueError(f"{name} contains NaN or infinity")
-        return np.array(arr, dtype=self.dtype, order="C")  # a copy: training never writes the caller's array
+        # a copy: training never writes the caller's array
+        return self._proto._check_param(name, value, shape, copy=True, hint=" (B members first)")
 
     def __len__(self) -> int:
         return self.B
