@@ -669,3 +669,20 @@ def test_help_shows_no_default_for_required_rttm():
     assert "required" in rttm_help and "default: None" not in rttm_help
     assert "default: None" not in r.stdout
     assert "(default: relative)" in r.stdout  # real defaults are still shown
+
+
+@pytest.mark.parametrize("K", [2, 4, 8, 9])
+def test_viterbi_on_lists_and_arrays_agree(K):
+    """The recursion on Python floats (up to reseg.LIST_STATES states) and on arrays give the same
+    path, ties included (scores on a coarse grid), and it is the best path."""
+    rng = np.random.default_rng(K)
+    for T in (1, 2, 7, 500):
+        S = rng.integers(-3, 4, (T, K)).astype(np.float64) * 5.0  # many equal sums
+        a, b = reseg._forward_lists(S, 10.0), reseg._forward_arrays(S, 10.0)
+        assert np.array_equal(a, b), (K, T)
+    score = rng.normal(0, 5, (K, 9))
+    path = reseg.viterbi(score, 7.0)
+    value = lambda p: score[p, np.arange(9)].sum() - 7.0 * np.count_nonzero(np.diff(p))  # noqa: E731
+    best = max(value(np.array(p)) for p in np.ndindex(*([K] * 9))) if K <= 2 else None
+    if best is not None:
+        assert value(path) == pytest.approx(best)

@@ -22,28 +22,74 @@ def block_sums(ll: np.ndarray, B: int) -> np.ndarray:
     return ll.reshape(K, nb, B).sum(axis=2)
 
 
+#: Up to this many states the recursion runs on Python floats (about 1.3 us a step for 4 states
+#: against 4 us for six NumPy calls on 4-element arrays: an hour's 63 000 blocks 0.26 -> 0.08 s);
+#: above it on NumPy arrays. Both do the same float64 operations and give the same path.
+LIST_STATES = 8
+
+
 def viterbi(score: np.ndarray, penalty: float) -> np.ndarray:
-    """Best state path through (K, T) scores with ``penalty`` subtracted per change of state."""
+    """Best state path through (K, T) scores with ``penalty`` subtracted per change of state (ties:
+    staying, then the lowest state)."""
     K, T = score.shape
     if K == 1 or T == 0:
         return np.zeros(T, np.intp)
     S = np.ascontiguousarray(score.T, dtype=np.float64)
-    back = np.empty((T, K), np.intp)  # previous state
-    back[0] = np.arange(K)
+    back = _forward_lists(S, penalty) if K <= LIST_STATES else _forward_arrays(S, penalty)
+    path = np.empty(T, np.intp)
+    k = int(back[0, 0])
+    for t in range(T - 1, -1, -1):
+        path[t] = k
+        k = back[t + 1, k]
+    return path
+
+
+def _forward_arrays(S: np.ndarray, penalty: float) -> np.ndarray:
+    """The forward pass over (T, K) scores: ``back[0, 0]`` the best last state, ``back[t + 1]`` the
+    previous state of each state at step t."""
+    T, K = S.shape
+    back = np.empty((T + 1, K), np.intp)
+    back[0] = 0
+    back[1] = np.arange(K)
     delta = S[0].copy()
     ar = np.arange(K)
     for t in range(1, T):
         j = int(delta.argmax())
         jump = delta[j] - penalty
         stay = delta >= jump
-        back[t] = np.where(stay, ar, j)
+        back[t + 1] = np.where(stay, ar, j)
         delta = np.where(stay, delta, jump) + S[t]
-    path = np.empty(T, np.intp)
-    k = int(delta.argmax())
-    for t in range(T - 1, -1, -1):
-        path[t] = k
-        k = back[t, k]
-    return path
+    back[0, 0] = int(delta.argmax())
+    return back
+
+
+def _forward_lists(S: np.ndarray, penalty: float) -> np.ndarray:
+    """:func:`_forward_arrays` on Python floats (the same float64 operations, the same ties)."""
+    T, K = S.shape
+    rows = S.tolist()
+    ident = list(range(K))
+    back = [[0] * K, ident]
+    delta = rows[0]
+    for t in range(1, T):
+        best = max(delta)
+        j = delta.index(best)  # the first maximum, as argmax
+        jump = best - penalty
+        st = rows[t]
+        row = ident
+        nd = [0.0] * K
+        for k in range(K):
+            d = delta[k]
+            if d >= jump:
+                nd[k] = d + st[k]
+            else:
+                nd[k] = jump + st[k]
+                if row is ident:
+                    row = list(ident)
+                row[k] = j
+        back.append(row)
+        delta = nd
+    back[0][0] = delta.index(max(delta))
+    return np.array(back, np.intp)
 
 
 def runs(labels: np.ndarray):
