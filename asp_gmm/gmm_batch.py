@@ -32,7 +32,7 @@ from .batch_driver import BatchSpecializer
 from .errors import BatchMemberError
 from .fit.data import Data, check_data
 from .gmm import GMM
-from .many import Concat, Rows, _check_iters, _concat, _host, _rows
+from .many import _check_iters, _member, _on_host, _problems
 
 __all__ = ["GMMBatch"]
 
@@ -216,17 +216,7 @@ class GMMBatch:
             out, errors, seen = [], {}, {}
             for b, x in enumerate(X):
                 try:
-                    if isinstance(x, Concat):
-                        x = _concat(x, self._proto, b, seen)
-                    elif isinstance(x, Rows):
-                        x = _rows(x, self._proto, b, seen)
-                    else:
-                        x = _host(x, self._proto, b, method, need)
-                    if x.shape[0] < need:
-                        raise ValueError(
-                            f"datasets[{b}] has N={x.shape[0]} events, fewer than the M={self.M} components; "
-                            "use fewer components or more data"
-                        )
+                    x = _member(x, self._proto, b, seen, method, need)
                 except (ValueError, TypeError) as exc:
                     errors[b] = exc
                     x = None
@@ -286,8 +276,7 @@ class GMMBatch:
             for name in shapes:
                 row = getattr(self, name)[b]
                 setattr(g, name, row.copy() if np.isfinite(row).all() else None)
-            x = Xs[b]
-            host = x.concatenate() if isinstance(x, Concat) else x.take() if isinstance(x, Rows) else x
+            host = _on_host(Xs[b])
             try:
                 g._seed(Data("host", host, host.shape[0]))
             except (ValueError, TypeError) as exc:
@@ -346,8 +335,7 @@ class GMMBatch:
             else:
                 members = Xs if whole else [Xs[b] for b in run]
                 Ns = [x.shape[0] for x in members]
-            made: dict = {}
-            problems = [made.get(n) or made.setdefault(n, self._proto._problem(n)) for n in Ns]
+            problems = _problems([self._proto] * run.size, Ns)
 
             def sel(a):
                 a = a.astype(np.float64)
@@ -417,11 +405,7 @@ class GMMBatch:
         run = [b for b in range(self.B) if b not in errors]
         out = [None] * self.B
         if run:
-            made: dict = {}
-            problems = [
-                made.get(Xs[b].shape[0]) or made.setdefault(Xs[b].shape[0], self._proto._problem(Xs[b].shape[0]))
-                for b in run
-            ]
+            problems = _problems([self._proto] * len(run), [Xs[b].shape[0] for b in run])
             W, MU, CV = (a.astype(np.float64) for a in (self.weights, self.means, self.covars))
             res = BatchSpecializer(self._proto._specializer).score(
                 [Xs[b] for b in run], [(W[b], MU[b], CV[b]) for b in run], problems, [self.reg_covar] * len(run)
@@ -441,12 +425,13 @@ class GMMBatch:
 def _device_subset(S: DeviceStack, run: np.ndarray) -> DeviceStack:
     """The members ``run`` of a device stack, gathered on the device (a new contiguous array)."""
     X = S.X
-    if type(X).__module__.split(".")[0] == "torch":
+    lib = cuda_arrays._lib(X)
+    if lib == "torch":
         import torch
 
         sub = X[torch.as_tensor(run, device=X.device)].contiguous()
     else:
-        xp = importlib.import_module(type(X).__module__.split(".")[0])
+        xp = importlib.import_module(lib)
         sub = xp.ascontiguousarray(X[xp.asarray(run)])
     info = cuda_arrays.describe(sub)
     return DeviceStack(sub, info["ptr"], info["shape"], S.dtype)

@@ -200,6 +200,30 @@ def _concat(X: Concat, g: GMM, b: int, seen: dict) -> Concat:
     return Concat(*parts)
 
 
+def _member(X, g: GMM, b: int, seen: dict, method: str = "train", need: int | None = None, checked: bool = False):
+    """Member ``b``'s data checked as ``GMM.train`` checks its X (a :class:`Concat`'s parts and a
+    :class:`Rows`' array once per call through ``seen``; ``checked``: a plain array already
+    checked), with at least ``need`` (default M) events; messages name the member."""
+    need = g.M if need is None else need
+    if isinstance(X, Concat):
+        X = _concat(X, g, b, seen)
+    elif isinstance(X, Rows):
+        X = _rows(X, g, b, seen)
+    elif not checked:
+        X = _host(X, g, b, method, need)
+    if X.shape[0] < need:
+        raise ValueError(
+            f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
+            "use fewer components or more data"
+        )
+    return X
+
+
+def _on_host(X) -> np.ndarray:
+    """A checked member's rows as one host array (a Concat's parts joined, a Rows' rows taken)."""
+    return X.concatenate() if isinstance(X, Concat) else X.take() if isinstance(X, Rows) else X
+
+
 def _members(datasets, models):
     """``(list of the members' data, checked)``: a 3-D float array (B, N, D) of the models' dtype
     and D, all finite, is checked in one pass here (``checked``: its rows need only the N >= M
@@ -269,20 +293,9 @@ def train_many(
     seen: dict = {}  # id(part) -> (part, checked part): an array in several members is checked once
     for b, (g, X) in enumerate(zip(models, datasets)):
         try:
-            if isinstance(X, Concat):
-                X = _concat(X, g, b, seen)
-            elif isinstance(X, Rows):
-                X = _rows(X, g, b, seen)
-            elif not checked:
-                X = _host(X, g, b, "train", g.M)
-            if X.shape[0] < g.M:
-                raise ValueError(
-                    f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
-                    "use fewer components or more data"
-                )
+            X = _member(X, g, b, seen, checked=checked)
             if g.means is None or g.covars is None or g.weights is None:  # seeded from the rows themselves
-                host = X.concatenate() if isinstance(X, Concat) else X.take() if isinstance(X, Rows) else X
-                g._seed(Data("host", host, X.shape[0]))
+                g._seed(Data("host", _on_host(X), X.shape[0]))
         except (ValueError, TypeError) as exc:
             errors[b] = exc
             continue

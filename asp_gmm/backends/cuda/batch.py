@@ -270,7 +270,8 @@ class CudaBatchSession(BatchSession):
                     if n:
                         self.drv.memcpy_dtod(self.X + row * D * 4, S + src[id(q)][0] * D * 4, n)
                     row += len(q)
-        self._host = None  # (wsrc, mu, cov) read back once after a run
+        self._raw = None  # (wsrc, mu, cov) as loaded or read back after a run: packed, padded
+        self._host = None  # ... made into the members' parameters when they are asked for
         self._reg = np.zeros(B)
 
     # ------------------------------------------------------------------ memory
@@ -365,22 +366,28 @@ class CudaBatchSession(BatchSession):
         return out
 
     def params_stacked(self):
-        if self._host is None:
-            raise RuntimeError("no parameters yet")
         m = self.problems[0].M
-        w, mu, cov = self._host
+        w, mu, cov = self._params_host()
         return w[:, :m], mu[:, :m], cov[:, :m]
 
     def params(self, b):
-        if self._host is None:
-            raise RuntimeError("no parameters yet")
-        w, mu, cov = self._host
+        w, mu, cov = self._params_host()
         m = self.problems[b].M
         return w[b, :m].copy(), mu[b, :m].copy(), cov[b, :m].copy()
 
     def _store(self, w, mu, cov):
+        """Keep the packed parameters (the unpacking waits until they are asked for: those loaded
+        before a run are replaced by the run's before anyone reads them)."""
+        self._raw, self._host = (w, mu, cov), None
+
+    def _params_host(self):
         """Host copies of every member's parameters: weights normalised over the member's own
         components (padding weighs 0), full covariances unpacked, all members at once."""
+        if self._host is not None:
+            return self._host
+        if self._raw is None:
+            raise RuntimeError("no parameters yet")
+        w, mu, cov = self._raw
         tot = w.sum(axis=1, keepdims=True)
         w = w / np.where(tot > 0, tot, 1.0)
         if self.full:
@@ -391,6 +398,7 @@ class CudaBatchSession(BatchSession):
             full[:, :, il[1], il[0]] = cov
             cov = full
         self._host = (w, mu, cov)
+        return self._host
 
     def _read_params(self):
         B = len(self.problems)
