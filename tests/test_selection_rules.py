@@ -300,10 +300,17 @@ def test_autotune_off_train_runs_one_configuration_at_large_n(tmp_path, monkeypa
 
 
 # ------------------------------------------------------------------ bounded history
-def test_the_history_keeps_a_bounded_number_of_timings_per_class(tmp_path):
+# a plain SQLite path is written with the standard library (tuning_db.lite), a URL with options
+# through SQLAlchemy (tuning_db.sa_ops): the bound's logic is one, its statements are two
+WRITERS = {"lite": "sqlite:///{}", "sqlalchemy": "sqlite:///file:{}?uri=true"}
+
+
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_the_history_keeps_a_bounded_number_of_timings_per_class(tmp_path, writer):
     from asp_gmm.tuning_db import VariantKey
 
-    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}", keep_per_class=4, flush_interval=0)
+    h = History(WRITERS[writer].format(tmp_path / "h.sqlite"), keep_per_class=4, flush_interval=0)
+    assert (h._lite_path is None) == (writer == "sqlalchemy")
     k = VariantKey.of("c", "V1", {}, "f" * 64)
     for i in range(30):  # thousands of slightly different N in one class: the diarization pattern
         h.record("dev", {"backend": "c", "model": "x"}, k, 10000 + i, 4, 2, "full", "float32", "ok", 1e-3)
@@ -316,11 +323,12 @@ def test_the_history_keeps_a_bounded_number_of_timings_per_class(tmp_path):
     h.close()
 
 
-def test_the_bound_holds_within_one_write_batch(tmp_path):
+@pytest.mark.parametrize("writer", sorted(WRITERS))
+def test_the_bound_holds_within_one_write_batch(tmp_path, writer):
     from asp_gmm.tuning_db import VariantKey
     from asp_gmm.tuning_db.store import KEEP_PER_CLASS
 
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    url = WRITERS[writer].format(tmp_path / "h.sqlite")
     h = History(url, batch_rows=10**6, flush_interval=3600)  # the default bound, one flush
     k = VariantKey.of("c", "V1", {}, "f" * 64)
     for i in range(100):

@@ -39,8 +39,13 @@ def url(tmp_path, name="h.sqlite"):
     return f"sqlite:///{tmp_path / name}"
 
 
-def test_record_flush_and_read_back(tmp_path):
-    h = History(url(tmp_path), package_version="9.9", flush_interval=3600)
+@pytest.mark.parametrize("writer", ["lite", "sqlalchemy"])
+def test_record_flush_and_read_back(tmp_path, writer):
+    """Written with the standard library (a plain path) or through SQLAlchemy (a URL with options):
+    the same rows, columns and timestamps."""
+    u = url(tmp_path) if writer == "lite" else f"sqlite:///file:{tmp_path / 'h.sqlite'}?uri=true"
+    h = History(u, package_version="9.9", flush_interval=3600)
+    assert (h._lite_path is None) == (writer == "sqlalchemy")
     h.record("dev1", FP, V3, 10000, 19, 16, "full", "float32", "ok", 0.0125, 0.01, 5)
     h.record("dev1", FP, V4, 10000, 19, 16, "full", "float32", "compile-failed")
     assert h.pending == 2 and History(h.url).count() == 0  # batched: nothing written yet
@@ -64,6 +69,8 @@ def test_record_flush_and_read_back(tmp_path):
         assert c.execute("select count(*) from variants").fetchone() == (2,)
         assert c.execute("select version from asp_gmm_schema").fetchone() == (SCHEMA_VERSION,)
         assert c.execute("pragma journal_mode").fetchone() == ("wal",)
+        for (at,) in c.execute("select created_at from timings union all select created_at from devices"):
+            assert len(at) == 26 and at[10] == " "  # SQLAlchemy's DateTime text on SQLite, both ways
     with pytest.raises(ValueError, match="status"):
         h.record("dev1", FP, V3, 1, 1, 1, "full", "float32", "great")
     with pytest.raises(ValueError, match="seconds"):
@@ -414,6 +421,68 @@ def test_a_damaged_history_is_read_around_and_repaired(tmp_path, monkeypatch, rn
         warnings.simplefilter("error")
         assert len(History(u).rows()) >= 1 + len(g.last_train.explored)
     assert cli.main(["history", "clear", "--yes"]) == 0 and History(u).count() == 0
+
+
+def test_the_standard_library_reading_equals_sqlalchemys(tmp_path):
+    """A plain SQLite history is read through tuning_db.lite; the rows (damaged ones skipped alike),
+    their order, limits and id lists are those of the SQLAlchemy query on the same file."""
+    h = History(url(tmp_path))
+    for i in range(7):
+        h.record("d1" if i % 3 else "d2", FP, (V3, V4)[i % 2], 100 + i, 2, 2, "full", "float32", "ok", 1e-3 * (i + 1))
+    h.record("d1", FP, V4, 5, 2, 2, "diag", "float64", "compile-failed", threads=2, sampled_from=None)
+    h.close()
+    _damage(tmp_path / "h.sqlite", "d1")
+    lite_h = History(url(tmp_path))
+    assert lite_h._lite_path == str(tmp_path / "h.sqlite") and lite_h._engine_obj is None
+    sa_h = History(url(tmp_path))
+    sa_h._lite_path = None  # the SQLAlchemy reading of the same file
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the damaged rows' warning (its own test is above)
+        for args in [
+            ("d1", 0),
+            (None, 0),
+            ("d1", 3),
+            ("d2", 0, 2),
+            (None, 0, 7, True),
+            ("d1", 0, None, False, [2, 4, 5]),
+        ]:
+            got, want = lite_h._select(*args), sa_h._select(*args)
+            assert got == want and got, args
+    assert lite_h._engine_obj is None  # reading made no engine
+
+
+def test_a_process_that_reads_and_records_timings_does_not_load_sqlalchemy(tmp_path):
+    """A plain SQLite history is read and written with the standard library (SQLAlchemy's import
+    is ~0.15 s of every short process); the engine is made for anything else, e.g. count()."""
+    h = History(url(tmp_path))
+    h.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    h.close()
+    code = (
+        "import sys\n"
+        "from asp_gmm.tuning_db import History, VariantKey\n"
+        f"h = History({url(tmp_path)!r})\n"
+        "assert len(h.view('d').rows) == 1 and 'sqlalchemy' not in sys.modules\n"
+        "h.record('d', {}, VariantKey.of('c', 'V4', {}, 'b' * 64), 10, 2, 2, 'full', 'float32', 'ok', 2e-3)\n"
+        "h.flush()\n"
+        "assert len(h.rows()) == 2 and 'sqlalchemy' not in sys.modules\n"
+        "assert h.count() == 2 and 'sqlalchemy' in sys.modules\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert [r.variant.name for r in History(url(tmp_path)).rows()] == ["V3", "V4"]
+
+
+def test_a_history_damaged_after_opening_is_a_clear_error_on_read(tmp_path):
+    h = History(url(tmp_path))
+    h.record("d", FP, V3, 10, 2, 2, "full", "float32", "ok", 1e-3)
+    h.close()
+    r = History(url(tmp_path), refresh_interval=0)
+    assert len(r.view("d").rows) == 1
+    for p in glob.glob(str(tmp_path / "h.sqlite*")):
+        Path(p).write_bytes(b"not a database at all" * 300)
+    with pytest.raises(HistoryError, match="corrupt or not an SQLite file") as info:
+        r.view("d")
+    assert str(tmp_path / "h.sqlite") in str(info.value)
 
 
 def test_a_foreign_sqlite_file_is_left_byte_for_byte(tmp_path):

@@ -12,20 +12,57 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from sqlalchemy import create_engine, event, inspect, select
-from sqlalchemy.exc import DatabaseError, IntegrityError, OperationalError
+import sys
 
 from .errors import HistoryError, SchemaMismatchError
-from .models import SCHEMA_VERSION, Base, SchemaInfo
-from .migrations import migrate_1_to_2, migrate_2_to_3
+from .schema import SCHEMA_TABLE, SCHEMA_VERSION
 from .values import _now
+
+# SQLAlchemy is imported where the engine is made or used, not with this module: a process that
+# reads a plain SQLite history before its first plan reads it through tuning_db.lite alone.
 
 
 class _Engine:
     """Opening and transactions of :class:`~.store.History` (a part of it)."""
 
     # ------------------------------------------------------------------ opening
+    @property
+    def _engine(self):
+        """The SQLAlchemy engine, made (and the file checked, created or migrated) on first use."""
+        engine = self._engine_obj
+        if engine is None:
+            with self._engine_lock:
+                if self._engine_obj is None:
+                    self._make_engine_now()
+                engine = self._engine_obj
+        return engine
+
+    def _make_engine_now(self) -> None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            u = make_url(self.url)
+        except ArgumentError as exc:
+            raise HistoryError(
+                f"ASP_GMM_DB={self.url!r} is not a database URL ({exc}); use e.g. "
+                "sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db"
+            ) from None
+        self.is_sqlite = u.get_backend_name() == "sqlite"
+        if self._lite_path is None:
+            self.path = u.database if self.is_sqlite else None
+            self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
+        engine = self._make_engine(u)
+        self._engine_obj = engine
+        try:
+            self._open()
+        except BaseException:
+            self._engine_obj = None
+            raise
+
     def _make_engine(self, u):
+        from sqlalchemy import create_engine, event
+
         if not self.is_sqlite:
             try:
                 return create_engine(u, pool_pre_ping=True)
@@ -96,10 +133,10 @@ class _Engine:
                 con.close()
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc, "open") from None
-        if tables and SchemaInfo.__tablename__ not in tables:
+        if tables and SCHEMA_TABLE not in tables:
             raise HistoryError(
                 f"{self.where} is a database but not an asp_gmm tuning history (it has the tables "
-                f"{sorted(tables)[:5]} and no {SchemaInfo.__tablename__}); it was left unchanged; "
+                f"{sorted(tables)[:5]} and no {SCHEMA_TABLE}); it was left unchanged; "
                 "set ASP_GMM_DB to another location"
             )
 
@@ -130,14 +167,19 @@ class _Engine:
         return HistoryError(f"could not {doing} the tuning history {self.where}: {msg}; {self._fix()}")
 
     def _open(self):
+        from sqlalchemy import inspect, select
+
+        from .migrations import migrate_1_to_2, migrate_2_to_3
+        from .models import Base, SchemaInfo
+
         def create_or_check():
             with self._write() as conn:
                 tables = set(inspect(conn).get_table_names())
-                if SchemaInfo.__tablename__ not in tables:
+                if SCHEMA_TABLE not in tables:
                     if tables:
                         raise HistoryError(
                             f"{self.where} is a database but not an asp_gmm tuning history (it has the "
-                            f"tables {sorted(tables)[:5]} and no {SchemaInfo.__tablename__}); {self._fix()}"
+                            f"tables {sorted(tables)[:5]} and no {SCHEMA_TABLE}); {self._fix()}"
                         )
                     Base.metadata.create_all(conn)
                     conn.execute(
@@ -166,10 +208,10 @@ class _Engine:
                 # PostgreSQL: another process may have created the tables between our check and ours
                 version = self._run(create_or_check, "open")
         except HistoryError:
-            self._engine.dispose()
+            self._engine_obj.dispose()
             raise
         if version != SCHEMA_VERSION:
-            self._engine.dispose()
+            self._engine_obj.dispose()
             raise SchemaMismatchError(
                 f"the tuning history {self.where} has schema version {version}, this asp_gmm uses "
                 f"{SCHEMA_VERSION}; export what you need with the asp_gmm that wrote it, then {self._fix()}"
@@ -187,19 +229,39 @@ class _Engine:
         for attempt in range(12):
             try:
                 return fn()
-            except DatabaseError as exc:
+            except Exception as exc:
+                kind = _database_error(exc)
+                if kind is None:
+                    raise
                 # a rolled-back transaction may have inserted ids we cached: forget them
                 self._variant_ids.clear()
                 self._known_devices.clear()
-                msg = str(exc.orig).lower()
-                transient = (isinstance(exc, OperationalError) and ("locked" in msg or "busy" in msg)) or (
-                    isinstance(exc, IntegrityError) and attempt < 2
+                msg = str(getattr(exc, "orig", None) or exc).lower()
+                transient = (kind == "operational" and ("locked" in msg or "busy" in msg)) or (
+                    kind == "integrity" and attempt < 2
                 )
                 if transient and attempt < 11:
                     time.sleep(delay * (1 + random.random()))
                     delay = min(2 * delay, 1.0)
                     continue
                 raise self._translate(exc, doing) from None
+
+
+def _database_error(exc) -> str | None:
+    """``"operational"``, ``"integrity"`` or ``"other"`` for an error of the database (through
+    SQLAlchemy or, for tuning_db.lite's reads, the sqlite3 module), ``None`` for any other error."""
+    if isinstance(exc, sqlite3.Error):
+        base = sqlite3
+    else:
+        sa_exc = sys.modules.get("sqlalchemy.exc")  # loaded if SQLAlchemy raised it
+        if sa_exc is None or not isinstance(exc, sa_exc.DatabaseError):
+            return None
+        base = sa_exc
+    if isinstance(exc, base.OperationalError):
+        return "operational"
+    if isinstance(exc, base.IntegrityError):
+        return "integrity"
+    return "other"
 
 
 class _WriteTx:

@@ -36,18 +36,17 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-#: Bump when a table changes; files of another version are refused with a message (no silent reuse).
-#: 2: ``timings.threads`` (the CPU threads a call used); devices' columns from typed fingerprints, one
-#: CPU one device (:func:`asp_gmm.tuning_db.store.migrate` upgrades a version-1 file in place).
-SCHEMA_VERSION = 3
-
-STATUSES = ("ok", "compile-failed", "launch-failed", "invalid")
-#: Covariance types and working precisions a timing may be of (asp_gmm.problem has the same lists;
-#: the history imports nothing of the package).
-CVTYPES = ("full", "diag", "tied", "spherical")
-DTYPES = ("float32", "float64")
-#: Largest value of an Integer column on every supported database (PostgreSQL's INTEGER is 32-bit).
-INT_MAX = 2**31 - 1
+from .schema import (  # noqa: F401  (re-exported: the tables' fixed values live there)
+    CVTYPES,
+    DEVICES_TABLE,
+    DTYPES,
+    INT_MAX,
+    SCHEMA_TABLE,
+    SCHEMA_VERSION,
+    STATUSES,
+    TIMINGS_TABLE,
+    VARIANTS_TABLE,
+)
 
 
 class _Model:
@@ -76,7 +75,7 @@ class Base:
 
 SchemaInfo = _Model(
     Table(
-        "asp_gmm_schema",
+        SCHEMA_TABLE,
         Base.metadata,
         Column("id", Integer, primary_key=True),
         Column("version", Integer, nullable=False),
@@ -87,7 +86,7 @@ SchemaInfo = _Model(
 
 Device = _Model(
     Table(
-        "devices",
+        DEVICES_TABLE,
         Base.metadata,
         Column("id", String(64), primary_key=True),
         Column("backend", String(32), nullable=False),
@@ -103,7 +102,7 @@ Device = _Model(
 
 Variant = _Model(
     Table(
-        "variants",
+        VARIANTS_TABLE,
         Base.metadata,
         Column("id", Integer, primary_key=True, autoincrement=True),
         Column("backend", String(32), nullable=False),
@@ -116,7 +115,7 @@ Variant = _Model(
 
 Timing = _Model(
     Table(
-        "timings",
+        TIMINGS_TABLE,
         Base.metadata,
         Column("id", Integer, primary_key=True, autoincrement=True),
         Column("uid", String(32), unique=True, nullable=False),

@@ -8,9 +8,7 @@ import json
 import time
 import warnings
 
-from sqlalchemy import String, delete, func, select, type_coerce
-
-from .models import Device, Timing, Variant
+from . import lite
 from .values import Row, VariantKey, _Bad, _check_values, _fingerprint_problem, _timestamp, _tunables_problem, log
 
 
@@ -47,15 +45,23 @@ class _Reads:
         self.flush()
         return self._run(lambda: self._select(device_id, since_id, limit, newest_first), "read")
 
-    def _select(self, device_id, since_id, limit=None, newest_first=False, extra=None):
-        with self._engine.connect() as conn:
-            rows, bad = self._read(conn, device_id, since_id, limit, newest_first, extra)
+    def _select(self, device_id, since_id, limit=None, newest_first=False, ids=None):
+        if self._lite_path is not None:  # a plain SQLite file: the standard library reads it
+            raw = lite.select_rows(self._lite_path, device_id, since_id, limit, newest_first, ids)
+            rows, bad = self._rows(raw)
+        else:
+            with self._engine.connect() as conn:
+                rows, bad = self._read(conn, device_id, since_id, limit, newest_first, ids)
         self._warn_damaged(bad)
         return rows
 
-    def _read(self, conn, device_id, since_id, limit=None, newest_first=False, extra=None):
+    def _read(self, conn, device_id, since_id, limit=None, newest_first=False, ids=None):
         """``(rows, damaged)``: the stored rows that can be read, and ``[(id, what is wrong)]`` of
         those that cannot (values no asp_gmm writes; SQLite keeps any value in any column)."""
+        from sqlalchemy import String, select, type_coerce
+
+        from .models import Timing, Variant
+
         T, V = Timing.__table__.c, Variant.__table__.c
         at = type_coerce(T.created_at, String) if self.is_sqlite else T.created_at
         q = (
@@ -86,16 +92,19 @@ class _Reads:
         )
         if device_id is not None:
             q = q.where(T.device_id == device_id)
-        if extra is not None:
-            q = q.where(extra)
+        if ids is not None:
+            q = q.where(T.id.in_(ids))
         q = q.order_by(T.id.desc() if newest_first else T.id)
         if limit is not None:
             q = q.limit(limit)
+        return self._rows(conn.execute(q).all())
+
+    def _rows(self, raw):
+        """``(rows, damaged)`` of raw timing tuples (the columns of :meth:`_read`'s query, as
+        :data:`tuning_db.lite._COLUMNS` also reads them)."""
         keys: dict = {}
         out, bad = [], []
-        for id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf in conn.execute(
-            q
-        ).all():
+        for id_, uid, dev, vb, vn, vt, vs, N, D, M, cv, dt, st, sec, csec, rep, at, pv, thr, sf in raw:
             k = (vb, vn, vt, vs)
             vk = keys.get(k)
             try:
@@ -169,21 +178,32 @@ class _Reads:
     def _refresh(self, v: DeviceView) -> None:
         """Add the rows stored since ``v`` was read. Only (id, uid) of the newer rows are read first:
         most are this process's own rows, already in the view, and need not be read back."""
-        T = Timing.__table__.c
-        with self._engine.connect() as conn:
-            new = conn.execute(select(T.id, T.uid).where(T.device_id == v.device_id, T.id > v.max_id)).all()
+        if self._lite_path is not None:
+            new = lite.newer_ids(self._lite_path, v.device_id, v.max_id)
+        else:
+            from sqlalchemy import select
+
+            from .models import Timing
+
+            T = Timing.__table__.c
+            with self._engine.connect() as conn:
+                new = conn.execute(select(T.id, T.uid).where(T.device_id == v.device_id, T.id > v.max_id)).all()
         if not new:
             return
         missing = [i for i, uid in new if uid not in v.uids]
-        for k in range(0, len(missing), 500):
-            ids = missing[k : k + 500]
-            for r in self._select(v.device_id, min(ids) - 1, extra=T.id.in_(ids)):
+        for k in range(0, len(missing), lite.ID_CHUNK):
+            ids = missing[k : k + lite.ID_CHUNK]
+            for r in self._select(v.device_id, min(ids) - 1, ids=ids):
                 v._add(r)
         v.max_id = max(v.max_id, max(i for i, _ in new))
 
     def devices(self) -> list:
         """``[(device_id, fingerprint dict, number of rows)]`` of the stored devices."""
         self.flush()
+
+        from sqlalchemy import func, select
+
+        from .models import Device, Timing
 
         def q():
             with self._engine.connect() as conn:
@@ -210,6 +230,10 @@ class _Reads:
         return out
 
     def count(self) -> int:
+        from sqlalchemy import func, select
+
+        from .models import Timing
+
         self.flush()
 
         def q():
@@ -220,6 +244,10 @@ class _Reads:
 
     def clear(self) -> int:
         """Delete every timing, variant and device (the schema stays); return the timings deleted."""
+        from sqlalchemy import delete, func, select
+
+        from .models import Device, Timing, Variant
+
         with self._lock:
             self.flush()
 

@@ -31,13 +31,11 @@ import threading
 import time
 from pathlib import Path
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
-from .errors import HistoryError
+from . import lite
 from .engine import _Engine
 from .reads import _Reads, DeviceView  # noqa: F401
 from .transfer import _Transfer
+from .schema import SCHEMA_VERSION
 from .values import EXPORT_FORMAT, KEEP_PER_CLASS, Row, VariantKey, canonical_json, default_url  # noqa: F401
 from .writes import _Writes, _registry
 
@@ -97,18 +95,18 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         self._known_devices: set = set()
         self._fingerprints: dict = {}
         self._warned_damaged: set = set()
-        try:
-            u = make_url(self.url)
-        except ArgumentError as exc:
-            raise HistoryError(
-                f"ASP_GMM_DB={self.url!r} is not a database URL ({exc}); use e.g. "
-                "sqlite:///path/history.sqlite or postgresql+psycopg://user@host/db"
-            ) from None
-        self.is_sqlite = u.get_backend_name() == "sqlite"
-        self.path = u.database if self.is_sqlite else None
-        self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
-        self._engine = self._make_engine(u)
-        self._open()
+        self._engine_obj = None  # the SQLAlchemy engine, made on first use (see _engine)
+        self._engine_lock = threading.Lock()
+        # a plain SQLite file is read with the standard library (tuning_db.lite): a process that
+        # only reads before its first plan does not wait for SQLAlchemy's import
+        self._lite_path = lite.plain_path(self.url)
+        if self._lite_path is not None:
+            self.is_sqlite, self.path, self.where = True, self._lite_path, self._lite_path
+            if lite.schema_version(self._lite_path) != SCHEMA_VERSION:
+                # new, older, foreign or unreadable: the engine creates, migrates or refuses it now
+                self._make_engine_now()
+        else:
+            self._make_engine_now()
         if background:
             from .writer import Writer
 
@@ -118,5 +116,6 @@ class History(_Engine, _Writes, _Reads, _Transfer):
     def close(self) -> None:
         """Flush and release the connections."""
         self.flush()
-        self._engine.dispose()
+        if self._engine_obj is not None:
+            self._engine_obj.dispose()
         _registry().histories.discard(self)

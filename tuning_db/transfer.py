@@ -8,11 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from sqlalchemy import delete, select
-
 from .errors import HistoryError, SchemaMismatchError
-from .models import SCHEMA_VERSION, Device, Timing, Variant
-from .migrations import _export_from_1
+from .schema import SCHEMA_VERSION
 from .values import EXPORT_FORMAT, _fingerprint_problem, _now, _parse_export, _row_to_json, _tunables_problem
 
 
@@ -54,6 +51,8 @@ class _Transfer:
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise HistoryError(f"{path} is not an asp_gmm history export (written by `asp-gmm history export`)")
         if doc.get("schema_version") == 1 and isinstance(doc.get("devices"), list):
+            from .migrations import _export_from_1
+
             doc = _export_from_1(doc)
         if doc.get("schema_version") == 2:
             doc = {**doc, "schema_version": 3}  # schema 3 only adds timings' optional sampled_from
@@ -73,6 +72,10 @@ class _Transfer:
         """Delete the damaged rows a history may hold (values no asp_gmm writes: written by an older
         import or by hand), which reading skips with a warning: timings that cannot be read, and
         variants and devices that cannot be read with their timings. Returns the timings deleted."""
+        from sqlalchemy import delete, select
+
+        from .models import Device, Timing, Variant
+
         with self._lock:
             self.flush()
 

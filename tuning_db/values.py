@@ -17,7 +17,7 @@ from pathlib import Path
 import platformdirs
 
 from .errors import HistoryError
-from .models import CVTYPES, DTYPES, INT_MAX, STATUSES
+from .schema import CVTYPES, DTYPES, INT_MAX, STATUSES
 
 log = logging.getLogger("asp_gmm.tuning_db")
 

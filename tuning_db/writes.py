@@ -11,10 +11,9 @@ import threading
 import time
 import weakref
 
-from sqlalchemy import delete, select
-
+from . import lite
 from .devices import device_of
-from .models import STATUSES, Device, Timing, Variant
+from .schema import STATUSES
 from .values import Row, VariantKey, _now, canonical_json, log
 
 
@@ -41,7 +40,8 @@ class _OpenHistories:
     def after_fork_in_child(self):  # pragma: no cover - exercised by multiprocessing users
         for h in list(self.histories):
             h._pending.clear()  # the parent writes its own queue
-            h._engine.dispose(close=False)  # never share the parent's connections
+            if h._engine_obj is not None:
+                h._engine_obj.dispose(close=False)  # never share the parent's connections
             h._lock = threading.RLock()
             h._qlock = threading.Lock()
             if h._writer is not None:
@@ -153,41 +153,23 @@ class _Writes:
             return len(rows)
 
     def _insert(self, rows, skip_existing: bool, devices: dict | None = None, bound: bool = False) -> int:
-        with self._write() as conn:
+        with self._write_ops() as ops:
             if bound:
-                rows = self._bound(conn, rows)
+                rows = self._bound(ops, rows)
             fps = dict(self._fingerprints)
             fps.update(devices or {})
             for dev in {r.device_id for r in rows}:
-                self._ensure_device(conn, dev, fps.get(dev, {}))
+                self._ensure_device(ops, dev, fps.get(dev, {}))
             existing = set()
             if skip_existing:
                 uids = [r.uid for r in rows]
                 for i in range(0, len(uids), 500):
-                    existing.update(conn.execute(select(Timing.uid).where(Timing.uid.in_(uids[i : i + 500]))).scalars())
-            cols = (
-                "uid",
-                "device_id",
-                "variant_id",
-                "N",
-                "D",
-                "M",
-                "cvtype",
-                "dtype",
-                "seconds",
-                "cov_seconds",
-                "repeats",
-                "status",
-                "created_at",
-                "package_version",
-                "threads",
-                "sampled_from",
-            )
+                    existing.update(ops.existing_uids(uids[i : i + 500]))
             values = [
                 (
                     r.uid,
                     r.device_id,
-                    self._variant_id(conn, r.variant),
+                    self._variant_id(ops, r.variant),
                     r.N,
                     r.D,
                     r.M,
@@ -205,19 +187,20 @@ class _Writes:
                 for r in rows
                 if r.uid not in existing
             ]
-            if values and self.is_sqlite:
-                # the driver's executemany: SQLAlchemy's per-row bind processing costs ~15 us a row,
-                # which a program calling train() thousands of times would pay. The timestamp is
-                # stored as the same text SQLAlchemy's DateTime writes on SQLite.
-                sql = f"INSERT INTO {Timing.__tablename__} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
-                conn.exec_driver_sql(
-                    sql, [v[:12] + (v[12].isoformat(sep=" ", timespec="microseconds"),) + v[13:] for v in values]
-                )
-            elif values:
-                conn.execute(Timing.__table__.insert(), [dict(zip(cols, v)) for v in values])
+            if values:
+                ops.insert_timings(TIMING_COLUMNS, values)
         return len(values)
 
-    def _bound(self, conn, rows) -> list:
+    def _write_ops(self):
+        """A write transaction's statements (:class:`tuning_db.lite.LiteOps` on a plain SQLite
+        file, :class:`tuning_db.sa_ops.SAOps` through the engine otherwise), as a context manager."""
+        if self._lite_path is not None:
+            return lite.write(self._lite_path)
+        from .sa_ops import write
+
+        return write(self._engine)
+
+    def _bound(self, ops, rows) -> list:
         """Keep the history's growth bounded: before ``rows`` are inserted, delete the oldest ok
         timings of each (device, configuration, cvtype, dtype, D, M, problem class, sampled or
         not) that ``rows`` add to, so that at most :attr:`keep_per_class` remain with the new ones;
@@ -227,7 +210,6 @@ class _Writes:
         keep = self.keep_per_class
         if not keep:
             return rows
-        T = Timing.__table__.c
         touched: dict = {}
         skip = set()
         for r in reversed(rows):  # newest first: the batch's own oldest beyond the bound are dropped
@@ -242,23 +224,10 @@ class _Writes:
         if skip:
             rows = [r for r in rows if r.uid not in skip]
         for (dev, vk, cv, dt, D, M), classes in touched.items():
-            vid = self._variant_id(conn, vk)
-            q = (
-                select(T.id, T.N, T.sampled_from)
-                .where(
-                    T.device_id == dev,
-                    T.cvtype == cv,
-                    T.dtype == dt,
-                    T.D == D,
-                    T.M == M,
-                    T.variant_id == vid,
-                    T.status == "ok",
-                )
-                .order_by(T.id.desc())
-            )
+            vid = self._variant_id(ops, vk)
             seen: dict = {}
             drop = []
-            for id_, N, sf in conn.execute(q):
+            for id_, N, sf in ops.ok_timings(dev, vid, cv, dt, D, M):  # newest first
                 sf = sf if isinstance(sf, int) and sf > 0 else None
                 cls = (round(2 * math.log2(max(sf or N or 1, 1))), sf is not None)
                 if cls not in classes:
@@ -267,35 +236,42 @@ class _Writes:
                 if seen[cls] + classes[cls] > keep:
                     drop.append(id_)
             for i in range(0, len(drop), 500):
-                conn.execute(delete(Timing).where(T.id.in_(drop[i : i + 500])))
+                ops.delete_timings(drop[i : i + 500])
         return rows
 
-    def _ensure_device(self, conn, device_id: str, fp: dict):
+    def _ensure_device(self, ops, device_id: str, fp: dict):
         if device_id in self._known_devices:
             return
-        if conn.execute(select(Device.id).where(Device.id == device_id)).first() is None:
-            conn.execute(
-                Device.__table__.insert().values(
-                    id=device_id, **device_of(fp).columns(), fingerprint=canonical_json(fp), created_at=_now()
-                )
-            )
+        if not ops.device_exists(device_id):
+            ops.insert_device(device_id, device_of(fp).columns(), canonical_json(fp), _now())
         self._known_devices.add(device_id)
 
-    def _variant_id(self, conn, key: VariantKey) -> int:
+    def _variant_id(self, ops, key: VariantKey) -> int:
         vid = self._variant_ids.get(key)
         if vid is None:
-            q = select(Variant.id).where(
-                Variant.backend == key.backend,
-                Variant.name == key.name,
-                Variant.tunables == key.tunables,
-                Variant.source_sha256 == key.source_sha256,
-            )
-            vid = conn.execute(q).scalar()
+            vid = ops.variant_id(key.backend, key.name, key.tunables, key.source_sha256)
             if vid is None:
-                vid = conn.execute(
-                    Variant.__table__.insert().values(
-                        backend=key.backend, name=key.name, tunables=key.tunables, source_sha256=key.source_sha256
-                    )
-                ).inserted_primary_key[0]
+                vid = ops.insert_variant(key.backend, key.name, key.tunables, key.source_sha256)
             self._variant_ids[key] = vid
         return vid
+
+
+#: the columns :meth:`_Writes._insert` writes, in the order of its value tuples
+TIMING_COLUMNS = (
+    "uid",
+    "device_id",
+    "variant_id",
+    "N",
+    "D",
+    "M",
+    "cvtype",
+    "dtype",
+    "seconds",
+    "cov_seconds",
+    "repeats",
+    "status",
+    "created_at",
+    "package_version",
+    "threads",
+    "sampled_from",
+)
