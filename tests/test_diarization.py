@@ -170,6 +170,24 @@ def test_sliding_majority_places_change_where_majority_flips():
     assert np.flatnonzero(np.diff(blocks))[0] + 1 in (300, 400)  # the block vote snaps to an edge
 
 
+@pytest.mark.parametrize("width", [1, 2, 7, 255, 256, 300])
+@pytest.mark.parametrize("k", [1, 3, 8, 9, 17])
+def test_sliding_majority_equals_counting_every_window(width, k):
+    """The packed-counter window counts (8 or 16 bits a cluster, prefix sums that wrap) give the
+    vote of counting each window's frames directly, ties to the lowest cluster, windows shifted
+    inside at the ends, fewer frames than one window included."""
+    rng = np.random.default_rng(width * 100 + k)
+    for n in (1, 5, 400, 1200):
+        best = np.repeat(rng.integers(0, k, n), rng.integers(1, 5, n))[:n]  # runs, as frame winners have
+        best[rng.random(n) < 0.3] = rng.integers(0, k)  # and many ties among a few clusters
+        w = min(width, n)
+        want = np.empty(n, int)
+        for i in range(n):
+            j = min(max(i - width // 2, 0), n - w)
+            want[i] = np.bincount(best[j : j + w], minlength=k).argmax()
+        assert cluster.sliding_majority(best, k, width).tolist() == want.tolist(), (n, width, k)
+
+
 # ---------------------------------------------------------------------------- features
 def _tone_bursts(sr=16000):
     t = np.arange(int(0.8 * sr)) / sr

@@ -52,6 +52,7 @@ compute_distance_BIC``) and on scikit-learn through ``sklearn_gmm`` (the same AP
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -274,18 +275,39 @@ def _prefix(values: np.ndarray) -> np.ndarray:
     return c
 
 
+def _window_counts(frame_best: np.ndarray, n_clusters: int, w: int) -> np.ndarray:
+    """(k, n - w + 1) counts of each cluster's frames in every window [j, j + w) of ``frame_best``.
+
+    From prefix sums of packed counters: a frame of cluster c adds 1 << (bits * (c % per)) to word
+    c // per, so one uint64 prefix sum counts ``per`` clusters at once (bits = 8 for windows under
+    256 frames: 8 clusters a word). The prefix sums overflow their fields and wrap modulo 2**64,
+    but a window's difference of two prefix sums is, field by field, that window's count, which
+    is below 2**bits: exact, with no borrow between fields. (The (k, n) one-hot prefix sum this
+    replaces spent 11 ms in numpy's cumsum per vote of an hour's 316 000 frames, 16 clusters.)"""
+    n = len(frame_best)
+    bits = 8 if w < 2**8 else 16 if w < 2**16 else 32
+    per = 64 // bits
+    field = np.dtype(f"u{bits // 8}")
+    clusters = np.arange(n_clusters)
+    one = np.left_shift(np.uint64(1), ((clusters % per) * bits).astype(np.uint64))
+    out = np.empty((-(-n_clusters // per) * per, n - w + 1), field)
+    c = np.zeros(n + 1, np.uint64)
+    for q in range(len(out) // per):
+        np.cumsum(np.where(clusters // per == q, one, np.uint64(0))[frame_best], out=c[1:])
+        fields = (c[w:] - c[: n - w + 1]).view(field).reshape(-1, per)
+        out[q * per : (q + 1) * per] = (fields if sys.byteorder == "little" else fields[:, ::-1]).T
+    return out[:n_clusters]
+
+
 def sliding_majority(frame_best: np.ndarray, n_clusters: int, width: int) -> np.ndarray:
     """Per-frame label = most frequent frame-wise winner in the window of ``width`` frames centred
     on the frame (ties: lowest index). Same vote length as the block vote, but a speaker change is
     placed where the majority flips instead of at the nearest block edge. Windows near the ends are
     shifted inside so that every window holds ``width`` frames (all frames when fewer)."""
     n = len(frame_best)
-    onehot = frame_best == np.arange(n_clusters, dtype=frame_best.dtype)[:, None]  # (k, n) bool
-    c = np.zeros((n_clusters, n + 1), np.int32)
-    np.cumsum(onehot, axis=1, dtype=np.int32, out=c[:, 1:])
     w = min(width, n)
     # window j covers frames [j, j + w); frame i votes in window clip(i - width // 2, 0, n - w)
-    winner = _row_argmax(c[:, w:] - c[:, : n - w + 1])
+    winner = _row_argmax(_window_counts(frame_best, n_clusters, w))
     return winner[np.clip(np.arange(n) - width // 2, 0, n - w)]
 
 
