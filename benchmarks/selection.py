@@ -338,6 +338,17 @@ def overhead(backend_name, calls, log):
     return res
 
 
+def _close_history():
+    """Flush and close the default runtime's history of ``$ASP_GMM_DB`` before its temporary folder
+    goes (the exit flush would otherwise warn that the folder is gone)."""
+    from asp_gmm.runtime import default_runtime
+
+    rt = default_runtime()
+    for url, h in list(rt.histories.items()):
+        h.close()
+        del rt.histories[url]
+
+
 def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
     """First call of a problem on a fresh history against the same call once the history is warm.
 
@@ -381,6 +392,7 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
                 f"  repeat {r}: first {firsts[-1]:.2f} s (explored {', '.join(explored[-1]) or '-'}), "
                 f"warm after {n} calls {t:.2f} s ({res.variant})"
             )
+            _close_history()
     out = dict(
         N=N,
         D=D,
@@ -444,6 +456,7 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full"):
                     if k <= calls:
                         per[str(k)].append(sum(ts[:k]) / (k * best))
                 per["steady"].append(statistics.median(ts[-5:]) / best)
+                _close_history()
                 log(
                     f"  ({N}, {D}, {M}) {cvtype} repeat {r}: best pinned {best_name} {1e3 * best:.1f} ms; "
                     + ", ".join(f"{k}: {v[-1]:.2f}x" for k, v in per.items() if v)

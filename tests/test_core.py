@@ -408,6 +408,38 @@ def test_small_problems_do_not_compile_to_explore(rng, monkeypatch):
     assert [e.split("(")[0] for e in g.last_train.explored] == ["V2"] and started == ["V1"]
 
 
+def test_prepare_loads_what_runs_first_and_compiles_what_is_missing(monkeypatch):
+    """prepare() loads, per shape, the configuration the selection runs first and compiles every
+    candidate not compiled yet; a candidate already compiled is left on disk (a call that explores
+    it loads it), so a warm process does not load every candidate of every shape."""
+    from asp_gmm import selection
+    from asp_gmm.runtime import default_runtime
+    from asp_gmm.selection import Config, Plan
+    from asp_gmm.specializer import Specializer
+
+    backend = get_backend("c")
+    cands = {v.name: Config.of(v) for v in backend.covariance_variants()}
+
+    class FirstIsV2(selection.RuleSelector):
+        def plan(self, backend, problem, candidates, pinned=False):
+            return Plan(next(c for c in candidates if c.variant.name == "V2"), [], "test")
+
+    monkeypatch.setattr(default_runtime(), "selector", FirstIsV2())
+    missing = {"V3"}  # compiled: everything else
+    monkeypatch.setattr(type(backend), "is_ready", lambda self, v, t, p: v.name not in missing)
+    loaded = []
+    real = type(backend).kernel_async
+    monkeypatch.setattr(
+        type(backend), "kernel_async", lambda self, v, t, p: (loaded.append((v.name, p.M)), real(self, v, t, p))[1]
+    )
+    spec = Specializer("c")
+    problems = [Problem(10_000, 5, m, "full", "float64") for m in (2, 3)]
+    n = spec.prepare_many(problems)
+    v3 = sum(1 for c in spec.candidates(problems[0]) if c.variant.name == "V3")
+    assert sorted(loaded) == sorted([("V2", 2), ("V2", 3)] + [("V3", m) for m in (2, 3)] * v3)
+    assert n == sum(len(spec.candidates(p)) for p in problems) and "V4" in cands
+
+
 def test_prepare_loads_every_candidate_and_checks_its_arguments():
     n = asp_gmm.prepare(5, [1, 3, 7], cvtype="diag", dtype=np.float64, backend="c")
     assert n >= 3  # at least one configuration per M
