@@ -181,14 +181,13 @@ class Backend:
     def GMM(self, *a, **kw):
         return self._GMM(*a, **kw, **self._kw)
 
-    def prepare(self, D, Ms, N, cvtype, dtype, single=True, batched=True):
+    def prepare(self, D, Ms, N, cvtype, dtype, single=True):
         """Load (or compile) the code for models of these component counts ahead of the run: the
         single calls' (unless ``single`` is false: a batched run that makes no single calls of this
-        D) and, where the implementation batches and ``batched`` is true, the batched calls' (and
-        its history)."""
+        D) and, where the implementation batches, the batched calls' (and its history)."""
         if self._prepare is not None and (single or self._many is None):
             self._prepare(D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
-        if self._many is not None and batched:
+        if self._many is not None:
             self._many[3](D, Ms, cvtype=cvtype, dtype=dtype, N=N, **self._kw)
 
     @property

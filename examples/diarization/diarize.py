@@ -258,21 +258,13 @@ def build_parser():
     return ap
 
 
-def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES, sad_frames: int = 0):
+def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
     """Let the GMM implementation load (asp_gmm: open its tuning history, compile or load the code
-    for the model sizes the run uses) before the processing clock runs. ``sad_frames`` > 0: also
-    the speech detector's models, for a recording of that many frames."""
+    for the model sizes the run uses) before the processing clock runs."""
     import numpy as np
     from cluster import Backend
 
     be = Backend(backend_name)
-    if sad_frames > 0:
-        # the speech detector's two diagonal models (single calls, first in the run): compiled
-        # here, beside the clustering's, they cost a cold 1-hour run's detector 1.3 s less
-        import sad
-
-        sad_D, sad_Ms, sad_N = sad.model_shapes(sad_frames)
-        be.prepare(sad_D, sad_Ms, sad_N, "diag", np.float32, batched=False)
     be.prepare(
         D,
         sorted({params.n_components, params.max_components, params.ubm_components, 8, 16}),
@@ -304,9 +296,8 @@ def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES, sad_frames: int 
     return be
 
 
-def check_audio_file(path, seg_len) -> float:
-    """Fail fast (before the slow work) on a missing, unreadable, empty or too short file;
-    returns its duration in seconds."""
+def check_audio_file(path, seg_len):
+    """Fail fast (before the slow work) on a missing, unreadable, empty or too short file."""
     import soundfile as sf
 
     p = Path(path)
@@ -325,7 +316,6 @@ def check_audio_file(path, seg_len) -> float:
             f"{path}: {info.frames / info.samplerate:.2f} s of audio is shorter "
             f"than one voting segment ({seg_len / FRAME_RATE:.2f} s)"
         )
-    return info.frames / info.samplerate
 
 
 def default_jobs(backend_name: str) -> int:
@@ -399,7 +389,7 @@ def diarize(audio_path, args, log=print, on_round=None):
 
     params = params_from_args(args)
     backend_name = resolve_backend(args.backend)
-    seconds = check_audio_file(audio_path, params.seg_len)
+    check_audio_file(audio_path, params.seg_len)
     if args.jobs == 0:
         params.n_jobs = default_jobs(backend_name)
     if params.n_jobs > 1 and backend_name != "sklearn":
@@ -413,8 +403,7 @@ def diarize(audio_path, args, log=print, on_round=None):
 
     def warm_up():
         t0 = time.perf_counter()
-        sad_frames = int(seconds * FRAME_RATE) if args.sad == "gmm" else 0
-        return warm_up_gmm(backend_name, params, N_FEATURES - args.first_cep, sad_frames), time.perf_counter() - t0
+        return warm_up_gmm(backend_name, params, N_FEATURES - args.first_cep), time.perf_counter() - t0
 
     with ThreadPoolExecutor(1) as pool:
         warming = pool.submit(warm_up)

@@ -34,16 +34,6 @@ import numpy as np
 
 from features import FRAME_RATE, cmvn, deltas
 
-#: the detector's models (gmm_speech's defaults): components of the speech and non-speech GMMs,
-#: and the cepstra they see (c1..c12 and their deltas)
-N_SPEECH, N_NONSPEECH, N_CEP, FIRST_CEP = 16, 8, 13, 1
-
-
-def model_shapes(n_frames: int) -> tuple:
-    """``(D, [M, ...], N)`` of the detector's models on a recording of ``n_frames`` frames (N: about
-    half the frames each), for loading their code before the detector runs."""
-    return 2 * (N_CEP - FIRST_CEP), [N_NONSPEECH, N_SPEECH], max(n_frames // 2, 1)
-
 
 def close_gaps(mask: np.ndarray, max_gap: int, min_run: int) -> np.ndarray:
     """Fill False runs shorter than max_gap frames inside speech, then drop True runs < min_run."""
@@ -105,8 +95,8 @@ def gmm_speech(
     feats,
     gmm_factory,
     iters: int = 2,
-    n_speech: int = N_SPEECH,
-    n_nonspeech: int = N_NONSPEECH,
+    n_speech: int = 16,
+    n_nonspeech: int = 8,
     boot_speech: float = 0.5,
     boot_nonspeech: float = 0.2,
     smooth: float = 0.3,
@@ -114,9 +104,9 @@ def gmm_speech(
     max_gap: float = 0.3,
     min_speech: float = 0.2,
     min_range_db: float = 8.0,
-    n_cep: int = N_CEP,
+    n_cep: int = 13,
     em_iters: int = 5,
-    first_cep: int = FIRST_CEP,
+    first_cep: int = 1,
     level: str = "band",
     floor_pct: float = 10.0,
 ):
