@@ -438,11 +438,20 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full"):
                 set_default_selector(None)
                 asp_gmm.prepare(D, M, backend=backend_name, cvtype=cvtype)
 
+                trail = []  # (seconds, what ran, what was explored, why) of every unpinned call
+
                 def call(variant=None):
                     g = GMM(M, D, cvtype=cvtype, backend=backend_name, variant=variant, seed=1)
                     t0 = time.perf_counter()
                     g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
-                    return time.perf_counter() - t0
+                    t = time.perf_counter() - t0
+                    if variant is None:
+                        lt, ex = g.last_train, g._specializer.last_exploration
+                        spent = (
+                            "" if not ex else f"explore {1e3 * ex['spent']:.1f}/{1e3 * (ex['allowance'] or 0):.1f} ms"
+                        )
+                        trail.append((round(t, 4), lt.variant, list(lt.explored), lt.reason, spent))
+                    return t
 
                 os.environ["ASP_GMM_AUTOTUNE"] = "0"
                 sp = Specializer(backend_name)
@@ -456,12 +465,20 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full"):
                     if k <= calls:
                         per[str(k)].append(sum(ts[:k]) / (k * best))
                 per["steady"].append(statistics.median(ts[-5:]) / best)
+                per.setdefault("pinned", []).append({n: round(t, 4) for n, t in pinned.items()})
+                per.setdefault("calls", []).append(trail)
+                for k, (t, ran, explored, why, spent) in enumerate(trail):
+                    log(
+                        f"    call {k + 1}: {1e3 * t:.1f} ms {ran} ({why}; {spent or 'no sample'})"
+                        + (" explored " + ", ".join(explored) if explored else "")
+                    )
                 _close_history()
                 log(
                     f"  ({N}, {D}, {M}) {cvtype} repeat {r}: best pinned {best_name} {1e3 * best:.1f} ms; "
-                    + ", ".join(f"{k}: {v[-1]:.2f}x" for k, v in per.items() if v)
+                    + ", ".join(f"{k}: {v[-1]:.2f}x" for k, v in per.items() if v and k not in ("pinned", "calls"))
                 )
         row = dict(N=N, D=D, M=M, cvtype=cvtype, best=best_name)
+        row["pinned"], row["calls"] = per.pop("pinned", []), per.pop("calls", [])
         for k, v in per.items():
             if v:
                 med = statistics.median(v)
