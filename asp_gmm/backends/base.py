@@ -158,6 +158,12 @@ class Backend(abc.ABC):
     name: str = ""
     #: True when a binary is specific to (D, M) (CUDA), so a new problem shape means compiling.
     shape_specific_binaries: bool = False
+    #: True when a configuration's first launch in a process costs more than its next ones (CUDA:
+    #: its functions are loaded on first launch; measured on a 32 768-event sample of (500 000, 36,
+    #: 128) diag on an H200, the first iteration took 1.2x (V5) to 3.8x (V4) the next one). The
+    #: sampled exploration then runs each configuration twice and keeps the faster iteration: one
+    #: run's time had V7 measured 3x too slow, and never chosen where it was the fastest.
+    first_launch_costs_more: bool = False
     #: True when the compiled kernels take sample weights themselves (:meth:`open_weighted_stats`
     #: folds them into the posteriors on the device); a weighted fit then chooses among the
     #: covariance variants that declare it possible (:attr:`asp_gmm.registry.Variant.takes_weights`).

@@ -111,6 +111,7 @@ class CudaBackend(Backend):
 
     name = "cuda"
     shape_specific_binaries = True
+    first_launch_costs_more = True
 
     def __init__(self, ordinal: int | None = None, policy=None):
         reason = self.unavailable_reason()
