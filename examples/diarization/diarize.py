@@ -265,15 +265,19 @@ def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
     from cluster import Backend
 
     be = Backend(backend_name)
+    # the background model is trained only for the cosine check and the CLR stop rule
+    background = params.cosine_threshold > -1.0 or params.stop_rule == "clr"
     be.prepare(
         D,
-        sorted({params.n_components, params.max_components, params.ubm_components, 8, 16}),
+        sorted(
+            {params.n_components, params.max_components, 8, 16} | ({params.ubm_components} if background else set())
+        ),
         10_000,
         params.cvtype,
         params.dtype,
         # a batched run trains and scores its clusters in batched calls: single calls of this D are
-        # made only by the cosine check's background model and the CLR stop rule
-        single=params.cosine_threshold > -1.0 or params.stop_rule == "clr",
+        # made only by the background model
+        single=background,
     )
     if be.batched:
         # prepare() has loaded every binary the run calls and opened the tuning history; toy EM
