@@ -45,7 +45,7 @@ class _FirstLaunchBackend(FakeBackend):
     iteration on a 32 768-event sample, 7 % of a 10-iteration call on 140 000 events."""
 
     first_launch_costs_more = True
-    extra = {"V3": 3 * 1e-7 * 32768}
+    extra = {"V3": 3 * 1e-6 * 32768}
 
     def open(self, X, problem):
         session = super().open(X, problem)
@@ -67,11 +67,12 @@ class _FirstLaunchBackend(FakeBackend):
 def test_a_first_launchs_extra_cost_does_not_rank_a_configuration(tmp_path, monkeypatch, rng, warm_launch):
     """V3 is the fastest, but its first launch costs 4x: a backend that declares it gets each
     sampled configuration run twice and the faster run recorded, so V3 is found and runs the
-    bulk; without the second run V3's sample reads 4x (0.4 us against V4's 0.2 us per event) and
+    bulk; without the second run V3's sample reads 4x (4 us against V4's 2 us per event) and
     the call runs V4."""
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
-    be = _FirstLaunchBackend(costs={"V1": 5e-7, "V2": 3e-7, "V3": 1e-7, "V4": 2e-7, "V5": 4e-7})
+    # (reported costs, not slept: a call's allowance, 10 % of ~2 s, dwarfs the real per-run overheads)
+    be = _FirstLaunchBackend(costs={"V1": 5e-6, "V2": 3e-6, "V3": 1e-6, "V4": 2e-6, "V5": 4e-6})
     monkeypatch.setattr(be, "first_launch_costs_more", warm_launch)
     sp = Specializer(be, HistorySelector(h))
     X = make_blobs(rng, 140000, 3, 2)
@@ -79,7 +80,7 @@ def test_a_first_launchs_extra_cost_does_not_rank_a_configuration(tmp_path, monk
     assert any(label.startswith("V3") for c in calls for label in c.explored), [c.explored for c in calls]
     h.flush()
     v3 = [r.seconds / r.N for r in h.rows() if r.sampled_from and r.variant.name == "V3"]
-    assert v3 and (v3[0] == pytest.approx(1e-7) if warm_launch else v3[0] == pytest.approx(4e-7))
+    assert v3 and (v3[0] == pytest.approx(1e-6) if warm_launch else v3[0] == pytest.approx(4e-6))
     assert _train(sp, X, 2, iters=10).variant.startswith("V3" if warm_launch else "V4")
 
 
