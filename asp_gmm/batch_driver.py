@@ -308,13 +308,19 @@ class BatchSpecializer:
         if warm is not None:
             warm(view, batches)
         ready = 0
+        # every class's first configuration compiles at once (each on the background pool, then
+        # waited for): one after the other, a cold run's warm-up waited for each compile in turn
+        firsts = []
         for bp in batches:
             cands = self.candidates(view, bp)
-            if not cands:
-                continue
-            first = self.policy.choose(view, bp, cands, tuning=False).primary
+            if cands:
+                first = self.policy.choose(view, bp, cands, tuning=False).primary
+                firsts.append((bp, cands, first, self._compile_later(view, first, bp)))
+        for bp, cands, first, fut in firsts:
             try:
-                view.support.kernel(first.variant, first.params, bp)
+                if fut is not None:
+                    fut.result()
+                view.support.kernel(first.variant, first.params, bp)  # loaded now (compiled above)
                 ready += 1
             except CompileError:
                 self.policy.record(view, bp, first, "compile-failed")
@@ -332,10 +338,14 @@ class BatchSpecializer:
         return ready
 
     def _compile_later(self, view, cfg, bp):
+        """Compile ``cfg`` for ``bp`` on the background pool (once per configuration and class);
+        the future, or None where the backend has no pool."""
         fn = getattr(self.backend, "_submit", None)
         if fn is None:
-            return
-        fn(("batch", cfg, bp.cvtype, bp.dtype), lambda: view.support.kernel(cfg.variant, cfg.params, bp), cfg.label)
+            return None
+        return fn(
+            ("batch", cfg, bp.cvtype, bp.dtype), lambda: view.support.kernel(cfg.variant, cfg.params, bp), cfg.label
+        )
 
     def score(self, Xs, params, problems, reg_covars) -> list:
         """Per member, its per-event log-likelihood ``(N_b,)`` or the exception it raised."""

@@ -437,10 +437,37 @@ def test_a_batch_never_waits_for_its_planned_configuration_to_compile(rng, monke
         _close(r.covars, g.covars, TOL["float64"], "stand-in")
 
 
+def test_prepare_compiles_every_classs_first_configuration_at_once(monkeypatch):
+    """The first configurations of several batch classes are all submitted to the background
+    compiler before prepare() waits for any of them (one after the other, a cold warm-up waited for
+    each compile in turn)."""
+    from asp_gmm.batch_driver import BatchSpecializer
+
+    g = GMM(4, 3, cvtype="diag", dtype=np.float64, backend="c")
+    spec = BatchSpecializer(g._specializer)
+    bps = [BatchProblem(10_000, 3, m, "diag", "float64", B=2) for m in (2, 4, 8)]
+    events = []
+
+    class Submitted:  # a future that says when it is waited for
+        def __init__(self, m):
+            self.m = m
+            events.append(("submit", m))
+
+        def result(self):
+            events.append(("wait", self.m))
+
+    monkeypatch.setattr(spec, "_compile_later", lambda view, cfg, bp: Submitted(bp.M))
+    spec.prepare(bps)
+    waits = [i for i, e in enumerate(events) if e[0] == "wait"]
+    firsts = [e for e in events[: waits[0]] if e[0] == "submit"]
+    assert sorted(m for _, m in firsts) == [2, 4, 8] and len(waits) == 3
+
+
 def test_prepare_compiles_what_runs_first_and_the_rest_in_the_background(monkeypatch):
-    """prepare() builds each class's first configuration in the foreground, loads those already
-    compiled, and hands the others to the background compiler (a cold start does not wait for
-    every configuration the history may explore)."""
+    """prepare() compiles each class's first configuration (every class's at once, on the
+    background pool, waited for) and loads it, loads those already compiled, and hands the others to
+    the background compiler without waiting (a cold start does not wait for every configuration the
+    history may explore)."""
     from asp_gmm.batch_driver import BatchSpecializer, batch_support
 
     g = GMM(4, 3, cvtype="diag", dtype=np.float64, backend="c")
@@ -464,4 +491,4 @@ def test_prepare_compiles_what_runs_first_and_the_rest_in_the_background(monkeyp
     n = spec.prepare([bp])
     rest = sorted(c.variant.name for c in cands if c.variant.name not in (first.variant.name, cached.variant.name))
     assert built[0] == first.variant.name and cached.variant.name in built and n == len(cands) - len(rest)
-    assert sorted(later) == rest and not set(later) & set(built)
+    assert later[0] == first.variant.name and sorted(later[1:]) == rest and not set(later[1:]) & set(built)
