@@ -8,12 +8,12 @@ import os
 import random
 import sqlite3
 import stat
+import sys
 import time
 import urllib.parse
 from pathlib import Path
 
-import sys
-
+from . import lite
 from .errors import HistoryError, SchemaMismatchError
 from .schema import SCHEMA_TABLE, SCHEMA_VERSION
 from .values import _now
@@ -124,9 +124,8 @@ class _Engine:
             )
         if st.st_size == 0:
             return
-        uri = "file:" + urllib.parse.quote(str(Path(self.path).absolute())) + "?mode=ro"
         try:
-            con = sqlite3.connect(uri, uri=True, timeout=30.0)
+            con = lite.connect_readonly(self.path, timeout=30.0)
             try:
                 tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             finally:
@@ -249,7 +248,8 @@ class _Engine:
 
 def _database_error(exc) -> str | None:
     """``"operational"``, ``"integrity"`` or ``"other"`` for an error of the database (through
-    SQLAlchemy or, for tuning_db.lite's reads, the sqlite3 module), ``None`` for any other error."""
+    SQLAlchemy or, for tuning_db.lite's reads and writes, the sqlite3 module), ``None`` for any other
+    error."""
     if isinstance(exc, sqlite3.Error):
         base = sqlite3
     else:

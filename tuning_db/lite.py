@@ -1,4 +1,4 @@
-"""Reading an SQLite history with the standard library's ``sqlite3`` alone.
+"""Reading and writing the timings of an SQLite history with the standard library's ``sqlite3`` alone.
 
 Every process that trains opens the history and reads its device's rows before its first plan.
 Through SQLAlchemy that costs the import of SQLAlchemy (~0.15 s on a 2-core machine) and its row
@@ -11,8 +11,8 @@ and its rows pass the same checks; a test compares both readings of one file.
 
 The writes of timings (:meth:`tuning_db.writes._Writes._insert`: devices, variants, timings and the
 bound per class) run here too, through :class:`LiteOps`, so that a process that trains and records
-never loads SQLAlchemy either; creating, migrating, exporting, importing' checks, repairing and
-clearing go through the engine. Connections are opened per read or write transaction (a few hundred
+never loads SQLAlchemy either; creating, migrating, exporting, importing, repairing and clearing
+go through the engine. Connections are opened per read or write transaction (a few hundred
 microseconds); no journal mode is set here (the file's WAL mode is persistent).
 """
 
@@ -61,9 +61,8 @@ def schema_version(path: str) -> int | None:
         return None
     if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
         return None
-    uri = "file:" + urllib.parse.quote(str(Path(path).absolute())) + "?mode=ro"
     try:
-        con = sqlite3.connect(uri, uri=True, timeout=5.0)
+        con = connect_readonly(path, timeout=5.0)
         try:
             row = con.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?", (SCHEMA_TABLE,))
             if row.fetchone() is None:
@@ -74,6 +73,13 @@ def schema_version(path: str) -> int | None:
     except sqlite3.Error:
         return None
     return got[0] if got and isinstance(got[0], int) else None
+
+
+def connect_readonly(path: str, timeout: float) -> sqlite3.Connection:
+    """A connection that cannot write the file (``mode=ro``): nothing rewrites the header of a file
+    that may not be a history at all."""
+    uri = "file:" + urllib.parse.quote(str(Path(path).absolute())) + "?mode=ro"
+    return sqlite3.connect(uri, uri=True, timeout=timeout)
 
 
 def connect(path: str) -> sqlite3.Connection:
