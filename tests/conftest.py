@@ -1,16 +1,22 @@
 """Shared fixtures: every test gets a private compile cache and tuning database unless it asks for the
 session-wide compile cache (compiling is the slow part, so most tests share one)."""
 
+import atexit
 import os
 import re
+import shutil
 import tempfile
 
 import numpy as np
 import pytest
 
-_SESSION_CACHE = tempfile.mkdtemp(prefix="asp_gmm_test_cache_")
-os.environ.setdefault("ASP_GMM_CACHE_DIR", _SESSION_CACHE)
-os.environ.setdefault("ASP_GMM_DB", "sqlite:///" + os.path.join(_SESSION_CACHE, "history.sqlite"))
+if "ASP_GMM_CACHE_DIR" not in os.environ or "ASP_GMM_DB" not in os.environ:
+    # Made once, by the process that starts the session (pytest-xdist's workers inherit the
+    # variables), and removed when that process ends: a test run leaves no compiled code behind.
+    _SESSION_CACHE = tempfile.mkdtemp(prefix="asp_gmm_test_cache_")
+    atexit.register(shutil.rmtree, _SESSION_CACHE, ignore_errors=True)
+    os.environ.setdefault("ASP_GMM_CACHE_DIR", _SESSION_CACHE)
+    os.environ.setdefault("ASP_GMM_DB", "sqlite:///" + os.path.join(_SESSION_CACHE, "history.sqlite"))
 
 
 @pytest.fixture
