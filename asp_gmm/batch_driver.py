@@ -310,12 +310,16 @@ class BatchSpecializer:
         ready = 0
         # every class's first configuration compiles at once (each on the background pool, then
         # waited for): one after the other, a cold run's warm-up waited for each compile in turn
-        firsts = []
+        firsts, extras = [], []
         for bp in batches:
             cands = self.candidates(view, bp)
             if cands:
                 first = self.policy.choose(view, bp, cands, tuning=False).primary
                 firsts.append((bp, cands, first, self._compile_later(view, first, bp)))
+                extras.append(self._prepare_class_later(view, bp))
+        for fut in extras:  # (a failure here is the first call's to report)
+            if fut is not None:
+                fut.exception()
         for bp, cands, first, fut in firsts:
             try:
                 if fut is not None:
@@ -336,6 +340,20 @@ class BatchSpecializer:
                 else:
                     self._compile_later(view, cfg, bp)
         return ready
+
+    def _prepare_class_later(self, view, bp):
+        """:meth:`~asp_gmm.backends.batch_base.BatchSupport.prepare_class` of ``bp`` on the
+        background pool (once per class); the future, or None where the backend has no pool (then
+        it runs here)."""
+        fn = getattr(self.backend, "_submit", None)
+        if fn is None:
+            view.support.prepare_class(bp)
+            return None
+        return fn(
+            ("batch-class", bp.D, bp.M, bp.cvtype, bp.dtype),
+            lambda: view.support.prepare_class(bp),
+            f"batched {bp.cvtype} {bp.dtype} D={bp.D} M={bp.M}",
+        )
 
     def _compile_later(self, view, cfg, bp):
         """Compile ``cfg`` for ``bp`` on the background pool (once per configuration and class);

@@ -492,3 +492,32 @@ def test_prepare_compiles_what_runs_first_and_the_rest_in_the_background(monkeyp
     rest = sorted(c.variant.name for c in cands if c.variant.name not in (first.variant.name, cached.variant.name))
     assert built[0] == first.variant.name and cached.variant.name in built and n == len(cands) - len(rest)
     assert later[0] == first.variant.name and sorted(later[1:]) == rest and not set(later[1:]) & set(built)
+
+
+def test_prepare_prepares_every_class_beside_its_kernels(monkeypatch):
+    """prepare() asks the backend's batch support for what each class's calls need besides their
+    kernel (on CUDA the module that uploads a frozen recording), every class's at once with the
+    kernels' compiles, and waits for it: the first call of a cold run compiled it on its own thread."""
+    from asp_gmm.batch_driver import BatchSpecializer, batch_support
+
+    g = GMM(4, 3, cvtype="diag", dtype=np.float64, backend="c")
+    spec = BatchSpecializer(g._specializer)
+    view = batch_support(spec.backend)
+    bps = [BatchProblem(10_000, 3, m, "diag", "float64", B=2) for m in (2, 4)]
+    events = []
+
+    class Submitted:
+        def __init__(self, m):
+            self.m = m
+            events.append(("submit", m))
+
+        def result(self):
+            events.append(("wait", self.m))
+
+    monkeypatch.setattr(spec, "_compile_later", lambda view, cfg, bp: Submitted(bp.M))
+    monkeypatch.setattr(
+        type(view.support), "prepare_class", lambda self, bp: events.append(("class", bp.M)), raising=False
+    )
+    spec.prepare(bps)
+    first_wait = next(i for i, e in enumerate(events) if e[0] == "wait")
+    assert sorted(m for k, m in events[:first_wait] if k == "class") == [2, 4]

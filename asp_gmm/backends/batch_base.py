@@ -214,6 +214,10 @@ class BatchSupport(abc.ABC):
     def kernel(self, variant, tunables, problem: BatchProblem) -> Kernel:
         """Compile (or load) the batched variant for the batch's class."""
 
+    def prepare_class(self, problem: BatchProblem) -> None:
+        """Compile (or load) what the class's calls need besides their batched kernel (nothing by
+        default); called by :meth:`asp_gmm.batch_driver.BatchSpecializer.prepare`, beside the kernels."""
+
     @abc.abstractmethod
     def open(self, Xs: list, problems: list, kernel: Kernel) -> BatchSession:
         """A session over the members' data ``Xs`` (each ``(N_b, D)``) of ``problems``."""

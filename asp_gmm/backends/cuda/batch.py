@@ -23,7 +23,7 @@ from ...reference import change_per_event, converged_many
 from ..base import Kernel
 from ..batch_base import BatchRuns, BatchSession, BatchSupport, DeviceStack
 from .backend import component_class
-from .compile import binary_name, is_cached, load_module, render_source
+from .compile import binary_name, cubin_path, is_cached, load_module, render_source
 
 #: pycuda argument signatures of the batched kernels (P: a device pointer)
 SIGNATURES = {
@@ -96,6 +96,10 @@ class CudaBatchSupport(BatchSupport):
             return k
         dev = self.backend.device
         src, name = self._source(variant, tun, problem)
+        # compiled outside the lock, so that classes and configurations compile in parallel threads
+        # (the compile cache's per-entry file lock keeps two threads from compiling the same one;
+        # under this lock a cold run's compiles of several batch classes ran one after the other)
+        cubin_path(src, dev.arch, name)
         with self._lock:
             k = self._mods.get(key)
             if k is None:
@@ -110,8 +114,22 @@ class CudaBatchSupport(BatchSupport):
                 k = self._mods[key] = Kernel(variant, tun, handle=(mod, fns, binary_problem(problem)), binary=str(path))
         return k
 
+    def prepare_class(self, problem):
+        """Load the module whose upload kernel copies a frozen recording to the device for this
+        class's calls on :class:`asp_gmm.Rows` (float32 only; one module per D, see
+        :func:`upload_problem`)."""
+        if problem.dtype == "float32":
+            self.backend.core(upload_problem(problem.N, problem.D))
+
     def open(self, Xs, problems, kernel):
         return CudaBatchSession(self.backend, Xs, problems, kernel)
+
+
+def upload_problem(N: int, D: int) -> Problem:
+    """The problem whose EM core module supplies the upload kernel (``asp_upload_chunk``) of a
+    resident recording of N rows of D float32 values: that kernel depends on D and the precision
+    only, so every batch class of one D shares one module (M = 1, diagonal)."""
+    return Problem(N, D, 1, "diag", "float32")
 
 
 #: byte alignment of the buffers carved from a session's one allocation
@@ -280,7 +298,7 @@ class CudaBatchSession(BatchSession):
         kept by the backend (uploaded, and checked for NaN on the device, the first time), or None."""
         if A.dtype != np.float32 or A.ndim != 2 or A.shape[1] != self.D or not 0 < len(A) < 2**31:
             return None  # (the gather's row numbers are 32-bit)
-        p = Problem(len(A), self.D, bp.M, bp.cvtype, "float32")
+        p = upload_problem(len(A), self.D)
         upload = next(fn for spec, fn in self.backend.core(p).funcs if spec.kernel == "asp_upload_chunk")
         return self.backend.memory.resident_xt(A, p, upload)
 

@@ -1,0 +1,89 @@
+"""The CUDA batch support's host side, without a GPU: compiles of several batch configurations run
+in parallel threads (only loading is serialised), and the module that uploads a frozen recording is
+one per D, prepared with the classes."""
+
+import contextlib
+import threading
+
+import pytest
+
+from asp_gmm import registry
+from asp_gmm.backends.cuda import batch as cb
+from asp_gmm.problem import BatchProblem, Problem
+
+
+class _Device:
+    arch = "sm_90"
+    drv = None
+
+    @contextlib.contextmanager
+    def active(self):
+        yield
+
+
+class _Backend:
+    name = "cuda"
+
+    def __init__(self):
+        self.device = _Device()
+        self.cores = []
+
+    def limit_context(self):
+        return {}
+
+    def core(self, problem):
+        self.cores.append((problem.D, problem.M, problem.cvtype, problem.dtype))
+
+
+class _Module:
+    def get_function(self, name):
+        return type("Fn", (), {"prepare": lambda self, sig: None})()
+
+
+def test_batch_configurations_compile_in_parallel(monkeypatch):
+    """Two configurations asked for from two threads compile at the same time: each compile waits
+    for the other to start (a barrier); with the compile under the support's lock the second
+    never starts and the barrier breaks."""
+    support = cb.CudaBatchSupport(_Backend())
+    gb, gbs = registry.get("cuda", "GB", "batch"), registry.get("cuda", "GBS", "batch")
+    bp = BatchProblem(10_000, 20, 8, "diag", "float32", B=4)
+    barrier = threading.Barrier(2, timeout=10)
+    compiled, lock = set(), threading.Lock()
+
+    def compile_once(name):
+        with lock:
+            first = name not in compiled
+            compiled.add(name)
+        if first:
+            barrier.wait()
+
+    monkeypatch.setattr(cb, "cubin_path", lambda src, arch, name: compile_once(name), raising=False)
+    monkeypatch.setattr(cb, "load_module", lambda dev, src, name: (compile_once(name), _Module())[1:] + ("cubin",))
+    errors = []
+
+    def ask(v):
+        try:
+            support.kernel(v, None, bp)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(v,)) for v in (gb, gbs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert len(compiled) == 2
+
+
+@pytest.mark.parametrize("M", [1, 8, 16])
+def test_upload_module_is_one_per_dimension(M):
+    """Every float32 class of one D prepares the same upload module (M = 1, diagonal), whatever its
+    M; a float64 class uploads nothing (its rows are gathered on the host)."""
+    be = _Backend()
+    support = cb.CudaBatchSupport(be)
+    support.prepare_class(BatchProblem(50_000, 20, M, "full", "float32", B=8))
+    support.prepare_class(BatchProblem(50_000, 20, M, "full", "float64", B=8))
+    assert be.cores == [(20, 1, "diag", "float32")]
+    p = cb.upload_problem(316_000, 20)
+    assert isinstance(p, Problem) and (p.N, p.D, p.M, p.cvtype, p.dtype) == (316_000, 20, 1, "diag", "float32")
