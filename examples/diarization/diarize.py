@@ -258,13 +258,16 @@ def build_parser():
     return ap
 
 
-def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES):
+def warm_up_gmm(backend_name: str, params, D: int = N_FEATURES, made=None):
     """Let the GMM implementation load (asp_gmm: open its tuning history, compile or load the code
-    for the model sizes the run uses) before the processing clock runs."""
+    for the model sizes the run uses) before the processing clock runs; ``made`` (a Future), when
+    given, receives the backend object as soon as it exists, before the loading."""
     import numpy as np
     from cluster import Backend
 
     be = Backend(backend_name)
+    if made is not None:
+        made.set_result(be)
     # the background model is trained only for the cosine check and the CLR stop rule
     background = params.cosine_threshold > -1.0 or params.stop_rule == "clr"
     be.prepare(
@@ -382,11 +385,26 @@ def params_from_args(args):
     )
 
 
+def detect_speech(feats, be, args):
+    """The (n_frames,) boolean speech mask of the recording's features ``feats``: the energy
+    detector, or the GMM detector trained with the backend ``be``."""
+    import sad
+
+    if args.sad == "energy":
+        return sad.energy_speech(sad.speech_level(feats, args.sad_level), args.vad_threshold)
+    speech, _ = sad.gmm_speech(
+        feats,
+        lambda M, D: be.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0),
+        bias=args.sad_bias,
+        level=args.sad_level,
+    )
+    return speech
+
+
 def diarize(audio_path, args, log=print, on_round=None):
     """Returns a dict with segments, timings and counts. Raises DiarizationError on bad input.
     ``on_round(clusterer)`` is called after every merge round's scores (before its merge)."""
     import numpy as np
-    import sad
     from cluster import Clusterer
     from features import compute_features, load_audio
     from rttm import labels_to_segments
@@ -400,16 +418,27 @@ def diarize(audio_path, args, log=print, on_round=None):
         # Parallel over clusters and pairs, so each asp_gmm call should use one thread (its
         # documented setting; read once, before the first call).
         os.environ.setdefault("ASP_GMM_NUM_THREADS", "1")
-    # The one-time loading/compilation of the GMM code runs on a thread while the audio is read
-    # and its features computed (those release the GIL), and is not part of the processing time:
-    # only a wait for it to finish would be, and that wait is subtracted.
-    from concurrent.futures import ThreadPoolExecutor
+    # The one-time loading/compilation of the GMM code runs on a thread while the audio is read,
+    # its features computed (those release the GIL) and its speech detected, and is not part of
+    # the processing time: only a wait for it to finish would be, and that wait is subtracted.
+    # The speech detector needs only the backend object (published as soon as it is made), not
+    # the clustering's code: on a machine where nothing is compiled yet, both compile at once.
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    made = Future()
 
     def warm_up():
         t0 = time.perf_counter()
-        return warm_up_gmm(backend_name, params, N_FEATURES - args.first_cep), time.perf_counter() - t0
+        try:
+            be = warm_up_gmm(backend_name, params, N_FEATURES - args.first_cep, made=made)
+        except BaseException as e:
+            if not made.done():
+                made.set_exception(e)
+            raise
+        return be, time.perf_counter() - t0
 
-    with ThreadPoolExecutor(1) as pool:
+    pool = ThreadPoolExecutor(1)
+    try:
         warming = pool.submit(warm_up)
         t_start = time.perf_counter()
         x, sr = load_audio(audio_path)
@@ -417,20 +446,16 @@ def diarize(audio_path, args, log=print, on_round=None):
         t_load = time.perf_counter()
         feats = compute_features(x, sr)
         t_wait = time.perf_counter()
-        be, t_warm = warming.result()
+        be = made.result()
         t_feat = time.perf_counter()
-    waited = t_feat - t_wait  # for the warm-up: not processing
-    if args.sad == "energy":
-        speech = sad.energy_speech(sad.speech_level(feats, args.sad_level), args.vad_threshold)
-    else:
-        speech, _ = sad.gmm_speech(
-            feats,
-            lambda M, D: be.GMM(M, D, cvtype="diag", reg_covar=1e-3, seed=0),
-            bias=args.sad_bias,
-            level=args.sad_level,
-        )
+        speech = detect_speech(feats, be, args)
+        t_sad = time.perf_counter()
+        be, t_warm = warming.result()
+        t_ready = time.perf_counter()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    waited = (t_feat - t_wait) + (t_ready - t_sad)  # for the warm-up: not processing
     feats.speech = speech
-    t_sad = time.perf_counter()
     n_speech = int(speech.sum())
     if n_speech == 0:
         raise DiarizationError(f"{audio_path}: no speech found (silence or stationary noise only)")
@@ -473,7 +498,7 @@ def diarize(audio_path, args, log=print, on_round=None):
             "load": t_load - t_start,
             "features": t_wait - t_load,
             "sad": t_sad - t_feat,
-            "clustering": t_clus - t_sad,
+            "clustering": t_clus - t_ready,
             "output": t_end - t_clus,
             "total": t_end - t_start - waited,
         },
