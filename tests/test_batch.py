@@ -514,7 +514,15 @@ def test_prepare_prepares_every_class_beside_its_kernels(monkeypatch):
         def result(self):
             events.append(("wait", self.m))
 
+    def now(key, fn, what):  # the background pool, run here (its futures are kept per key and process)
+        from concurrent.futures import Future
+
+        fut = Future()
+        fut.set_result(fn())
+        return fut
+
     monkeypatch.setattr(spec, "_compile_later", lambda view, cfg, bp: Submitted(bp.M))
+    monkeypatch.setattr(spec.backend, "_submit", now)
     monkeypatch.setattr(
         type(view.support), "prepare_class", lambda self, bp: events.append(("class", bp.M)), raising=False
     )
