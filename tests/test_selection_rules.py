@@ -494,3 +494,17 @@ def test_spread_is_the_widest_class_ratio_and_follows_new_rows(rules):
         sel.record(be, p, cands(p)[0], "ok", slow)
     idx = sel.index(be)
     assert idx.spread(*ct) == pytest.approx(brute(ct), rel=1e-12) and idx.spread(*ct) > 100
+
+
+def test_every_selectable_cuda_variant_has_a_place_in_the_rule():
+    """The fixed rule (what a new class runs first and the order it explores in) names every CUDA
+    covariance variant the selection may choose: an unlisted one is explored last, which is how the
+    tensor-core variants (the largest gains at large problems) came to be tried on a class's third
+    to sixth call. They come right after the rule's first choice."""
+    from asp_gmm import registry
+    from asp_gmm.selection import PREFERENCE
+
+    order = PREFERENCE["cuda"]
+    selectable = {v.name for v in registry.variants("cuda", "covariance") if v.extra.get("selectable", True)}
+    assert selectable <= set(order), sorted(selectable - set(order))
+    assert order[0] == "V5" and order.index("V4") > max(order.index(n) for n in ("V7", "V8", "V9"))

@@ -61,8 +61,11 @@ class Plan:
 #: other backends declare a ``preference`` attribute (list of names) that takes precedence.
 PREFERENCE = {
     "c": ["VF", "VD", "VT", "V4", "V3", "BLAS", "V2", "V1"],
-    # CUDA: V4 fills the GPU for any M; V3 only for M >= SMs
-    "cuda": ["V5", "V4", "V3", "V2", "V1"],
+    # CUDA: V5 (register-tiled sums) first; then the tensor-core variants, which gain the most
+    # where their limits let them run (diag as two GEMMs, diag fused into the E-step, full as
+    # GEMMs: 1.5-2.6x V5 at large diagonal problems), so that a new class explores them on its
+    # first call rather than its third to sixth; V4 fills the GPU for any M; V3 only for M >= SMs
+    "cuda": ["V5", "V9", "V7", "V8", "V4", "V3", "V2", "V1"],
     "numpy": ["reference"],
 }
 #: E-step variants in order of preference, per backend, used when the history has no E-step timings
