@@ -536,10 +536,17 @@ class _Exploration:
             if kernel is None:
                 continue
             try:
-                runs = []
-                for _ in range(runs_each):
+                runs, last = [], 0.0
+                for k in range(runs_each):
+                    if k and allowance is not None and self.spent() + last > allowance:
+                        # a second run would overshoot the allowance: the first is recorded (a
+                        # configuration that costs this much is no contender for a first launch
+                        # to have hidden)
+                        break
+                    t1 = time.perf_counter()
                     self.session.set_params(weights, means, covars, reg_covar)
                     runs.append(self.session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar))
+                    last = max(time.perf_counter() - t1, runs[-1].iter_seconds[0])
             except KernelError as exc:
                 sel.record(backend, self.problem, cfg, "launch-failed")
                 log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)

@@ -508,3 +508,23 @@ def test_every_selectable_cuda_variant_has_a_place_in_the_rule():
     selectable = {v.name for v in registry.variants("cuda", "covariance") if v.extra.get("selectable", True)}
     assert selectable <= set(order), sorted(selectable - set(order))
     assert order[0] == "V5" and order.index("V4") > max(order.index(n) for n in ("V7", "V8", "V9"))
+
+
+def test_a_second_sampled_run_that_would_overshoot_the_allowance_is_not_made(tmp_path, monkeypatch, rng):
+    """On a backend whose first launch costs more, each sampled configuration runs twice; but a
+    configuration whose first run already leaves no room in the allowance for a second (V1 here,
+    100x the others) runs once: its second run overshot the call's allowance by as much again."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = _FirstLaunchBackend(costs={"V1": 2e-5, "V2": 3e-7, "V3": 1e-7, "V4": 2e-7, "V5": 4e-7})
+    be.extra = {}
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    for _ in range(8):
+        c = _train(sp, X, 2, iters=10)
+        if any(label.startswith("V1") for label in c.explored):
+            break
+    else:
+        pytest.fail("V1 was never explored")
+    assert [n for n, k in be.ran].count("V1") == 1
+    assert [n for n, k in be.ran if n != "V1" and k == 1].count("V2") in (0, 2)
