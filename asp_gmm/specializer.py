@@ -35,11 +35,6 @@ log = logging.getLogger("asp_gmm")
 #: Rounds of sampled exploration in one call (the variants, then steps of the tunable search),
 #: each stopped by the policy's allowance of the call's time.
 SAMPLE_ROUNDS = 8
-#: A sampled configuration's first run slower than this many times the fastest measured in the call
-#: cannot be a contender that its first launch hid (a kernel's first launch cost 1.2-3.8x its next
-#: on a 32 768-event sample of (500 000, 36, 128) diag, H200): its second run is skipped when it
-#: would overshoot the allowance. Closer to the fastest, both runs are made (the faster recorded).
-FIRST_LAUNCH_MAX = 4.0
 #: A call may spend, beyond its own allowance, what earlier calls of its class left unspent, up to
 #: this many times its own allowance (a candidate costlier than one call's allowance is explored
 #: once enough is saved, the class's total exploring held within the fraction of its total time).
@@ -543,16 +538,10 @@ class _Exploration:
             try:
                 runs, last = [], 0.0
                 for k in range(runs_each):
-                    if (
-                        k
-                        and allowance is not None
-                        and self.fastest is not None
-                        and runs[0].iter_seconds[0] / spp.N > FIRST_LAUNCH_MAX * self.fastest
-                        and self.spent() + last > allowance
-                    ):
-                        # a second run would overshoot the allowance, and the first is slower
-                        # than any first launch makes a contender: the first is recorded
-                        break
+                    if k and allowance is not None and self.fastest and self.spent() + last > allowance:
+                        # it would overshoot; the first is recorded if no first launch hides a contender
+                        if runs[0].iter_seconds[0] / spp.N > selection.FIRST_LAUNCH_MAX * self.fastest:
+                            break
                     t1 = time.perf_counter()
                     self.session.set_params(weights, means, covars, reg_covar)
                     runs.append(self.session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar))

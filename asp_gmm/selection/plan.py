@@ -86,6 +86,12 @@ UNKNOWN_RATIO = 4.0
 #: A tunables combination of a variant is charged this factor over the variant's best time in the
 #: class when nothing predicts it (tunables move a variant's time by tens of per cent).
 TUNE_RATIO = 1.5
+#: A sampled configuration's first run slower than this many times the fastest measured in the call
+#: cannot be a contender that its first launch hid (a kernel's first launch cost 1.2-3.8x its next
+#: on a 32 768-event sample of (500 000, 36, 128) diag, H200): on a backend whose first launch costs
+#: more, its second run is skipped when it would overshoot the allowance (closer to the fastest,
+#: both runs are made and the faster recorded).
+FIRST_LAUNCH_MAX = 4.0
 #: Fewest events an exploration sample has: below that, fixed costs (thread teams, launches)
 #: blur the per-event times the sample is for.
 SAMPLE_MIN = 32768
