@@ -4,7 +4,8 @@
 (a) import time of ``asp_gmm`` and of what the diarization example loads before its work, over a
     bare interpreter's start;
 (b) the first ``GMM(16, 19).train(X)`` on 100 000 events in a fresh process, cold (empty compile
-    cache and history in a temporary folder) and warm (the same folders again): the call's seconds,
+    cache, history and CUDA driver JIT cache in a temporary folder) and warm (the same folders
+    again): the call's seconds,
     the process's wall time and what compiled;
 (c) the diarization example end to end (``examples/diarization/diarize.py AUDIO --backend B``),
     cold and warm: wall time of the whole process and the processing time it prints.
@@ -70,6 +71,9 @@ def _env(folder: Path | None) -> dict:
     if folder is not None:
         env["ASP_GMM_CACHE_DIR"] = str(folder / "cache")
         env["ASP_GMM_DB"] = "sqlite:///" + str(folder / "history.sqlite")
+        # the CUDA driver's JIT cache too: NVRTC's cubins pass through it, and a filled one made a
+        # run with empty asp_gmm caches 2x faster than a user's first (docs/performance.md)
+        env["CUDA_CACHE_PATH"] = str(folder / "cuda-jit")
     return env
 
 
