@@ -50,8 +50,9 @@ class CBatchSupport(BatchSupport):
     """Compiles the C batch variants (sources depend on cvtype, dtype and tunables only)."""
 
     #: CB's vectorised covariance measured about 2x faster than CBE's per-event loop (diag, D=20,
-    #: M=16, 120 members of 700-3000 events, one core)
-    preference = ("CB", "CBE")
+    #: M=16, 120 members of 700-3000 events, one core); CBC (full only) 20-25 % faster than CB
+    #: (32 members of D=19, M=8 and 16, 2k-20k events, 2 cores)
+    preference = ("CBC", "CB", "CBE")
 
     def __init__(self, backend):
         super().__init__(backend)
