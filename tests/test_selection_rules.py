@@ -236,6 +236,33 @@ def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
     assert "pruned V1" in plan.why
 
 
+def test_a_class_ranks_its_candidates_once_until_something_new_is_measured(rules, monkeypatch):
+    """V1 stays untried (pruned), so every plan of the class needs the candidates ranked: the
+    ranking is computed once and reused until a configuration is measured in a class for the
+    first time (or RANK_ROWS rows come in), not on every call."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    sel, be, h = rules
+    p = Problem(100000, 8, 16)
+    ranked, real = [], sel._rank
+    monkeypatch.setattr(sel, "_rank", lambda *a: ranked.append(1) or real(*a))
+    first = sel.plan(be, p, cands(p))
+    assert [c.variant.name for c in first.pruned] == ["V1"]
+    for _ in range(5):
+        again = sel.plan(be, p, cands(p))
+        assert again.primary == first.primary and again.pruned == first.pruned and again.explore == first.explore
+    assert len(ranked) == 1
+    # a configuration measured in the class for the first time: ranked again
+    sel.record(be, p, first.primary, "ok", 0.5)
+    h.flush()
+    assert sel.plan(be, p, cands(p)).pruned == first.pruned
+    assert len(ranked) == 2
+    # another timing of it: the ranking stands
+    sel.record(be, p, first.primary, "ok", 0.6)
+    h.flush()
+    sel.plan(be, p, cands(p))
+    assert len(ranked) == 2
+
+
 def test_prune_min_classes_counts_classes_of_the_cvtype_and_dtype(rules, monkeypatch):
     """The pruning evidence is the classes of the problem's cvtype and dtype the prediction rests
     on (not every class of the device), so PRUNE_MIN_CLASSES decides."""
@@ -456,6 +483,33 @@ def test_warm_reads_the_rows_and_fits_the_predictor_before_the_first_plan(rules)
     sel.plan(be, p, cands(p))
     assert idx._predictor[("diag", "float32")] is fitted
     RuleSelector().warm(be, [p])  # the rule has nothing to warm
+
+
+def test_warm_fits_the_predictor_without_holding_the_selections_lock(rules, monkeypatch):
+    """The fit (0.1 s for a history of ~8 000 rows) runs outside the lock, so the caller's first
+    plans on another thread do not wait for the warm-up; a fit that something measured in the
+    meantime made stale is not kept."""
+    import threading
+
+    from asp_gmm.selection import history as hmod
+
+    sel, be, h = rules
+    p = Problem(100000, 8, 16, "diag", "float32")
+    free, real = [], hmod.fit_predictor
+
+    def fit(classes):
+        t = threading.Thread(target=lambda: free.append(sel._lock.acquire(timeout=5) and sel._lock.release() is None))
+        t.start()
+        t.join()
+        return real(classes)
+
+    monkeypatch.setattr(hmod, "fit_predictor", fit)
+    sel.warm(be, [p])
+    assert free == [True]
+    idx = sel.index(be)
+    assert idx.has_predictor("diag", "float32")
+    idx.store_predictor("diag", "float64", ("nearest", None, 0.0, 0.0), idx.generation - 1)
+    assert not idx.has_predictor("diag", "float64")
 
 
 def test_warm_on_a_broken_history_disables_it_and_does_not_raise(rules, monkeypatch):

@@ -16,6 +16,10 @@ NEIGHBOURS = 4
 N_WEIGHT = 0.5
 #: Timings kept per (class, configuration) in memory for the median (the database keeps all).
 _KEEP = 63
+#: A class's cached ranking of its candidates is recomputed after this many new rows of the device
+#: (medians drift slowly; a configuration measured for the first time or a failure recomputes it
+#: at once).
+RANK_ROWS = 64
 
 
 def problem_class(problem: Problem) -> tuple:
@@ -67,6 +71,13 @@ class _Index:
         #: most of a small batched call's planning)
         self._scores: dict = {}
         self._class_spread: dict = {}  # class key -> its slowest / fastest ratio (see spread)
+        #: counts the changes that can reorder a ranking: a configuration measured for the first
+        #: time in a class (whole data or sampled), a failure
+        self.generation = 0
+        #: (class key, candidates, generation, rows consumed // RANK_ROWS) -> the ranking of the
+        #: candidates (HistorySelector._rank): a class whose untried candidates stay pruned would
+        #: otherwise re-rank on every call (about 1 ms, most of a small batched call's planning)
+        self.ranked: dict = {}
 
     def update(self):
         rows = self.view.rows
@@ -90,6 +101,7 @@ class _Index:
                 agg = per.get(r.variant)
                 if agg is None:
                     agg = per[r.variant] = _Agg()
+                    self.generation += 1
                     if not of:
                         self._vkeys.pop((r.cvtype, r.dtype), None)
                 agg.add(r.seconds / r.N)
@@ -103,8 +115,10 @@ class _Index:
                 self.spent[ck] = spent
             elif r.status == "compile-failed":
                 self.compile_failed.add((r.variant, r.cvtype, r.dtype))
+                self.generation += 1
             else:
                 self.run_failed.add((r.variant, r.cvtype, r.dtype, r.D, r.M))
+                self.generation += 1
         self.consumed = len(rows)
 
     def scores(self, ck) -> dict:
@@ -187,24 +201,42 @@ class _Index:
         Refitted only when a new class is measured."""
         got = self._predictor.get((cvtype, dtype))
         if got is None:
-            from . import costmodel
-
-            classes = {}
-            for k in self.classes:
-                if k[:2] == (cvtype, dtype):
-                    classes[(k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3]))] = self.scores(k)
-            if len(classes) < costmodel.MIN_POINTS + 1:
-                got = ("nearest", None, 0.0, 0.0)
-            else:
-                nn, _ = costmodel.loo_nearest_accuracy(classes)
-                md, _ = costmodel.loo_model_accuracy(classes)
-                model = None
-                if md >= nn:
-                    points: dict = {}
-                    for c, times in classes.items():
-                        for vk, t in times.items():
-                            points.setdefault(vk, []).append((*c, math.log(t)))
-                    model = costmodel.CostModel(points)
-                got = ("model" if model is not None else "nearest", model, nn, md)
-            self._predictor[(cvtype, dtype)] = got
+            got = self._predictor[(cvtype, dtype)] = fit_predictor(self.predictor_classes(cvtype, dtype))
         return got
+
+    def predictor_classes(self, cvtype: str, dtype: str) -> dict:
+        """What :func:`fit_predictor` needs: {(log-coordinates of a class): its scores} of every
+        measured class of (cvtype, dtype), a snapshot that later rows do not change (so that a
+        thread may fit it without holding the selection's lock)."""
+        return {
+            (k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3])): self.scores(k)
+            for k in self.classes
+            if k[:2] == (cvtype, dtype)
+        }
+
+    def has_predictor(self, cvtype: str, dtype: str) -> bool:
+        return (cvtype, dtype) in self._predictor
+
+    def store_predictor(self, cvtype: str, dtype: str, got, generation: int) -> None:
+        """Keeps a predictor fitted from :meth:`predictor_classes` at ``generation``, unless
+        something was measured since (then the next :meth:`predictor` fits it again)."""
+        if generation == self.generation:
+            self._predictor.setdefault((cvtype, dtype), got)
+
+
+def fit_predictor(classes: dict):
+    """The predictor of :meth:`_Index.predictor` from its classes (:meth:`_Index.predictor_classes`)."""
+    from . import costmodel
+
+    if len(classes) < costmodel.MIN_POINTS + 1:
+        return ("nearest", None, 0.0, 0.0)
+    nn, _ = costmodel.loo_nearest_accuracy(classes)
+    md, _ = costmodel.loo_model_accuracy(classes)
+    model = None
+    if md >= nn:
+        points: dict = {}
+        for c, times in classes.items():
+            for vk, t in times.items():
+                points.setdefault(vk, []).append((*c, math.log(t)))
+        model = costmodel.CostModel(points)
+    return ("model" if model is not None else "nearest", model, nn, md)
