@@ -485,33 +485,6 @@ def test_warm_reads_the_rows_and_fits_the_predictor_before_the_first_plan(rules)
     RuleSelector().warm(be, [p])  # the rule has nothing to warm
 
 
-def test_warm_fits_the_predictor_without_holding_the_selections_lock(rules, monkeypatch):
-    """The fit (0.1 s for a history of ~8 000 rows) runs outside the lock, so the caller's first
-    plans on another thread do not wait for the warm-up; a fit that something measured in the
-    meantime made stale is not kept."""
-    import threading
-
-    from asp_gmm.selection import history as hmod
-
-    sel, be, h = rules
-    p = Problem(100000, 8, 16, "diag", "float32")
-    free, real = [], hmod.fit_predictor
-
-    def fit(classes):
-        t = threading.Thread(target=lambda: free.append(sel._lock.acquire(timeout=5) and sel._lock.release() is None))
-        t.start()
-        t.join()
-        return real(classes)
-
-    monkeypatch.setattr(hmod, "fit_predictor", fit)
-    sel.warm(be, [p])
-    assert free == [True]
-    idx = sel.index(be)
-    assert idx.has_predictor("diag", "float32")
-    idx.store_predictor("diag", "float64", ("nearest", None, 0.0, 0.0), idx.generation - 1)
-    assert not idx.has_predictor("diag", "float64")
-
-
 def test_warm_on_a_broken_history_disables_it_and_does_not_raise(rules, monkeypatch):
     sel, be, h = rules
 

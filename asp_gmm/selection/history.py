@@ -7,7 +7,7 @@ import math
 import threading
 
 from ..variant import Config
-from .index import NEIGHBOURS, RANK_ROWS, _Index, fit_predictor, problem_class
+from .index import NEIGHBOURS, RANK_ROWS, _Index, problem_class
 from . import plan as _plan
 from .plan import (
     TUNE_VARIANTS,
@@ -115,18 +115,9 @@ class HistorySelector(Selector):
             return
         try:
             idx = self.index(backend, history)
-            # the classes are read under the lock, the predictors fitted outside it (0.1 s for
-            # ~8 000 rows): a plan on another thread (the caller's first calls) need not wait
             with self._lock:
-                todo = [
-                    (ct, idx.predictor_classes(*ct), idx.generation)
-                    for ct in sorted({(p.cvtype, p.dtype) for p in problems})
-                    if not idx.has_predictor(*ct)
-                ]
-            for ct, classes, generation in todo:
-                got = fit_predictor(classes)
-                with self._lock:
-                    idx.store_predictor(*ct, got, generation)
+                for ct in sorted({(p.cvtype, p.dtype) for p in problems}):
+                    idx.predictor(*ct)
         except Exception as exc:  # noqa: BLE001 - a broken history must not break prepare()
             self._disable(history, exc)
 

@@ -201,42 +201,24 @@ class _Index:
         Refitted only when a new class is measured."""
         got = self._predictor.get((cvtype, dtype))
         if got is None:
-            got = self._predictor[(cvtype, dtype)] = fit_predictor(self.predictor_classes(cvtype, dtype))
+            from . import costmodel
+
+            classes = {}
+            for k in self.classes:
+                if k[:2] == (cvtype, dtype):
+                    classes[(k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3]))] = self.scores(k)
+            if len(classes) < costmodel.MIN_POINTS + 1:
+                got = ("nearest", None, 0.0, 0.0)
+            else:
+                nn, _ = costmodel.loo_nearest_accuracy(classes)
+                md, _ = costmodel.loo_model_accuracy(classes)
+                model = None
+                if md >= nn:
+                    points: dict = {}
+                    for c, times in classes.items():
+                        for vk, t in times.items():
+                            points.setdefault(vk, []).append((*c, math.log(t)))
+                    model = costmodel.CostModel(points)
+                got = ("model" if model is not None else "nearest", model, nn, md)
+            self._predictor[(cvtype, dtype)] = got
         return got
-
-    def predictor_classes(self, cvtype: str, dtype: str) -> dict:
-        """What :func:`fit_predictor` needs: {(log-coordinates of a class): its scores} of every
-        measured class of (cvtype, dtype), a snapshot that later rows do not change (so that a
-        thread may fit it without holding the selection's lock)."""
-        return {
-            (k[4] * math.log(2) / 2, math.log(k[2]), math.log(k[3])): self.scores(k)
-            for k in self.classes
-            if k[:2] == (cvtype, dtype)
-        }
-
-    def has_predictor(self, cvtype: str, dtype: str) -> bool:
-        return (cvtype, dtype) in self._predictor
-
-    def store_predictor(self, cvtype: str, dtype: str, got, generation: int) -> None:
-        """Keeps a predictor fitted from :meth:`predictor_classes` at ``generation``, unless
-        something was measured since (then the next :meth:`predictor` fits it again)."""
-        if generation == self.generation:
-            self._predictor.setdefault((cvtype, dtype), got)
-
-
-def fit_predictor(classes: dict):
-    """The predictor of :meth:`_Index.predictor` from its classes (:meth:`_Index.predictor_classes`)."""
-    from . import costmodel
-
-    if len(classes) < costmodel.MIN_POINTS + 1:
-        return ("nearest", None, 0.0, 0.0)
-    nn, _ = costmodel.loo_nearest_accuracy(classes)
-    md, _ = costmodel.loo_model_accuracy(classes)
-    model = None
-    if md >= nn:
-        points: dict = {}
-        for c, times in classes.items():
-            for vk, t in times.items():
-                points.setdefault(vk, []).append((*c, math.log(t)))
-        model = costmodel.CostModel(points)
-    return ("model" if model is not None else "nearest", model, nn, md)
