@@ -393,6 +393,36 @@ def test_rows_members_equal_the_gathered_arrays(backend, rng):
         train_many([GMM(3, D, backend=backend)], [Rows(X, [1, 2])], 1, 1)
 
 
+@pytest.mark.parametrize("variant", C_BATCH)
+@pytest.mark.parametrize("cvtype", ["full", "diag"])
+def test_c_batch_gathers_rows_into_its_tiles(variant, cvtype, rng):
+    """The C batch takes Rows members as they are (asp_batch_create_rows gathers them into the
+    tiles, no copy of the rows first) and trains them as the gathered arrays, float32 at X + 1000,
+    members below a tile, of one tile and a row, and with repeated rows."""
+    from asp_gmm import Rows, freeze
+    from asp_gmm.batch_driver import batch_support
+
+    _skip_unless_computes(variant, cvtype)
+    D, M = 5, 3
+    X = freeze(make_blobs(rng, 2000, D, 3, offset=1000.0, dtype=np.float32))
+    idx = [
+        rng.permutation(2000)[:9],
+        rng.permutation(2000)[:65],
+        np.r_[np.arange(300), np.arange(50)],
+        np.arange(1999, -1, -1),
+    ]
+    params = [init_params(rng, X[i], M, cvtype) for i in idx]
+    a = _models(params, D, cvtype, np.float32, "c")
+    assert batch_support(a[0]._specializer.backend).support.takes_rows
+    la = train_many(a, [Rows(X, i) for i in idx], 2, 2, tol=0.0, variant=variant)
+    b = _models(params, D, cvtype, np.float32, "c")
+    lb = train_many(b, [X[i] for i in idx], 2, 2, tol=0.0, variant=variant)
+    for k, (g, h) in enumerate(zip(a, b)):
+        np.testing.assert_array_equal(g.covars, h.covars, err_msg=f"member {k}")
+        np.testing.assert_array_equal(g.means, h.means, err_msg=f"member {k}")
+        assert la[k] == lb[k] and g.last_variant.startswith(variant + "(")
+
+
 def test_rows_refuses_what_it_cannot_trust(rng):
     from asp_gmm import Rows, freeze
 

@@ -27,6 +27,8 @@ ffi.cdef(
 int asp_batch_abi(void);
 asp_state *asp_batch_create(const void *X, int64_t n, int d, int m, void *xt, void *resp, void *logprob,
                             double *weights, double *means, double *covars, double *nk);
+asp_state *asp_batch_create_rows(const void *X, const int64_t *index, int64_t n, int d, int m, void *xt, void *resp,
+                                 void *logprob, double *weights, double *means, double *covars, double *nk);
 void asp_batch_em(asp_state **st, int nb, int nthreads, int min_iters, int max_iters, double tol,
                   const double *reg, int *rc, double *ll, int *iters, int *conv, double *trace, double *seconds);
 void asp_batch_estep(asp_state **st, int nb, int nthreads, int *rc, double *ll);
@@ -53,6 +55,9 @@ class CBatchSupport(BatchSupport):
     #: M=16, 120 members of 700-3000 events, one core); CBC (full only) 20-25 % faster than CB
     #: (32 members of D=19, M=8 and 16, 2k-20k events, 2 cores)
     preference = ("CBC", "CB", "CBE")
+    #: a member given as rows of an immutable (C-contiguous) array is gathered straight into its
+    #: tiles (asp_batch_create_rows), not copied out first
+    takes_rows = True
 
     def __init__(self, backend):
         super().__init__(backend)
@@ -91,7 +96,7 @@ class CBatchSupport(BatchSupport):
                 command = lambda s, out: cc + cbackend.FLAGS + ["-o", out, s, "-lm"]  # noqa: E731
                 path = cache.build(src, ".so", command, bkey, name)
                 lib = ffi.dlopen(str(path))
-                if lib.asp_abi() != 4 or lib.asp_batch_abi() != 3:
+                if lib.asp_abi() != 4 or lib.asp_batch_abi() != 4:
                     raise KernelError("C batch library ABI mismatch; clear the cache folder")
                 k = self._libs[key] = Kernel(variant, tun, handle=lib, binary=str(path))
         return k
@@ -126,8 +131,15 @@ class CBatchSession(BatchSession):
             )
         try:
             for b, (X, p) in enumerate(zip(Xs, problems)):
+                rows = getattr(X, "index", None)
+                if rows is not None and not (X.X.flags.c_contiguous and X.X.dtype == p.np_dtype):
+                    X, rows = X.X[rows], None  # (frozen arrays are C-contiguous: not expected)
                 if scoring:  # the state holds parameters and scratch only: one event (CBatchScoring)
-                    X, p = X[:1], Problem(1, p.D, p.M, p.cvtype, p.dtype)
+                    X, p, rows = (
+                        (X.X[rows[:1]] if rows is not None else X[:1]),
+                        Problem(1, p.D, p.M, p.cvtype, p.dtype),
+                        None,
+                    )
                 ntiles, dp = -(-p.N // tile), p.D + (p.D & 1)
                 dt = p.np_dtype
                 xt = np.empty((ntiles, dp, tile), dt)
@@ -140,9 +152,27 @@ class CBatchSession(BatchSession):
                     cv = np.zeros((p.M, p.D, p.D) if p.cvtype == "full" else (p.M, p.D))
                 nk = np.zeros(p.M)
                 fb = ffi.from_buffer
-                st = lib.asp_batch_create(
-                    fb(X), p.N, p.D, p.M, fb(xt), fb(resp), fb(logprob), _dptr(w), _dptr(mu), _dptr(cv), _dptr(nk)
-                )
+                if rows is not None:
+                    rows = np.ascontiguousarray(rows, np.int64)
+                    st = lib.asp_batch_create_rows(
+                        fb(X.X),
+                        ffi.cast("int64_t *", fb(rows)),
+                        p.N,
+                        p.D,
+                        p.M,
+                        fb(xt),
+                        fb(resp),
+                        fb(logprob),
+                        _dptr(w),
+                        _dptr(mu),
+                        _dptr(cv),
+                        _dptr(nk),
+                    )
+                    X = (X.X, rows)  # kept alive with the state
+                else:
+                    st = lib.asp_batch_create(
+                        fb(X), p.N, p.D, p.M, fb(xt), fb(resp), fb(logprob), _dptr(w), _dptr(mu), _dptr(cv), _dptr(nk)
+                    )
                 if st == ffi.NULL:
                     raise MemoryError(f"could not allocate the C state of a member of N={p.N}, D={p.D}, M={p.M}")
                 self._states.append(st)
