@@ -23,6 +23,21 @@ from .config import settings
 log = logging.getLogger("asp_gmm")
 
 
+class ExploreCosts:
+    """What the sampled explorations of one backend cost in this process: ``overhead`` (problem
+    class -> the largest per-run cost besides the timed iteration in the class's last exploration),
+    ``copy_rate`` (seconds per byte of the last sample's copy and session; None before one) and
+    ``call_seconds`` (problem class -> wall seconds per EM iteration of its last call, exploring
+    left out: the data's upload, the session and the launches included, as a user feels the call)."""
+
+    __slots__ = ("overhead", "copy_rate", "call_seconds")
+
+    def __init__(self):
+        self.overhead: dict = {}
+        self.copy_rate: float | None = None
+        self.call_seconds: dict = {}
+
+
 class Runtime:
     """Process state of asp_gmm (thread-safe).
 
@@ -64,6 +79,18 @@ class Runtime:
         #: and phase, whether their limits name N): key -> (the declarations, the answer), recomputed
         #: when the declarations are reloaded
         self.declarations_memo: dict = {}
+        #: backend -> what its sampled explorations cost in this process (:class:`ExploreCosts`),
+        #: shared by every specializer of the backend (a GMM per call: each made its own and
+        #: predicted every call's first run and sample copy as free)
+        self._explore_costs: dict = {}
+
+    def explore_costs(self, backend) -> "ExploreCosts":
+        """The :class:`ExploreCosts` of ``backend`` in this process (made on first use)."""
+        got = self._explore_costs.get(backend)
+        if got is None:
+            with self.lock:
+                got = self._explore_costs.setdefault(backend, ExploreCosts())
+        return got
 
     # ------------------------------------------------------------------ background compiles
     def background_pool(self):

@@ -77,11 +77,11 @@ class Specializer:
         #: the last call's sampled exploration: {"spent", "allowance", "copy", "runs", "skipped"}
         #: (seconds; None when the call explored in place or not at all)
         self.last_exploration = None
-        #: problem class -> the largest per-run cost besides the timed iteration (session
-        #: parameters, launches, a kernel's look-up) seen in the class's last sampled exploration:
-        #: a call's first run is charged it before it runs (charged nothing, every call's first
-        #: run overshot a GPU call's allowance 2-6x: 5-6 ms runs against 2-3 ms allowances)
-        self._explore_overhead: dict = {}
+        #: what the backend's sampled explorations cost in this process (the per-run overhead per
+        #: class, the sample copy's rate), shared with the backend's other specializers: a call's
+        #: first run and its copy are charged before they run (charged nothing, they overshot a
+        #: GPU call's allowance 2-6x)
+        self._costs = self.runtime.explore_costs(self.backend)
 
     def _open(self, X, problem: Problem):
         """``backend.open``; a backend that chooses among E-step variants gets this specializer's
@@ -349,6 +349,9 @@ class Specializer:
             w, mu, cv = session.params()
         finally:
             session.close()
+        if iters:  # this call's own time per iteration, exploring left out: the next allowance's basis
+            own = time.perf_counter() - t_start - (self.last_exploration or {}).get("spent", 0.0)
+            self._costs.call_seconds[selection.problem_class(problem)] = own / iters
         # the candidates to explore compile after the call, not competing with it for the cores
         for c in plan.compile_later:
             backend.kernel_async(c.variant, c.params, problem)
@@ -470,7 +473,7 @@ class _Exploration:
         self.sampled = plan.sampled_fastest  # ... on samples, in earlier calls (or None)
         self.banked = plan.banked  # allowance earlier calls of the class left unspent
         # the largest per-run cost besides the timed iteration (from the class's last exploration)
-        self.overhead = sp._explore_overhead.get(selection.problem_class(problem), 0.0)
+        self.overhead = sp._costs.overhead.get(selection.problem_class(problem), 0.0)
         self.runs, self.skipped, self.measured = 0, [], set()
 
     def _open(self):
@@ -480,13 +483,13 @@ class _Exploration:
         self.session = self.sp._open(Xs, self.sp_problem)
         self.copy = time.perf_counter() - t
         nbytes = getattr(Xs, "nbytes", 0) or 1
-        self.sp._copy_rate = self.copy / nbytes  # predicts the next call's copy before it is made
+        self.sp._costs.copy_rate = self.copy / nbytes  # predicts the next call's copy before it is made
         return nbytes
 
     def _predicted_copy(self) -> float:
         if self.session is not None:
             return 0.0
-        rate = getattr(self.sp, "_copy_rate", None)
+        rate = self.sp._costs.copy_rate
         if rate is None:
             return 0.0
         itemsize = getattr(getattr(self.X, "dtype", None), "itemsize", 4)
@@ -499,7 +502,8 @@ class _Exploration:
         rates = [r for r in (self.fastest, self.whole) if r]
         if not rates:
             return None
-        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates))
+        wall = self.sp._costs.call_seconds.get(selection.problem_class(self.problem))
+        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates), wall)
         return base + min(self.banked, BANK_CALLS * base)
 
     def round(self, plan, weights, means, covars, reg_covar):
@@ -560,6 +564,9 @@ class _Exploration:
             self.slowest = max(self.slowest, it / spp.N)
             self.runs += 1
             self.measured.add(cfg)
+            log.debug(
+                "explored %s: %.3g s (iteration %.3g s); %.3g of %s s", cfg.label, wall, it, self.spent(), allowance
+            )
             sel.record(backend, spp, cfg, "ok", it, run.cov_seconds[0], 1, sampled_from=self.problem.N)
             done.append(cfg.label)
         return done, stopped
@@ -568,7 +575,7 @@ class _Exploration:
         if self.session is not None:
             self.session.close()
         if self.runs:
-            self.sp._explore_overhead[selection.problem_class(self.problem)] = self.overhead
+            self.sp._costs.overhead[selection.problem_class(self.problem)] = self.overhead
         self.closed = self.spent()
 
     def account(self) -> dict:

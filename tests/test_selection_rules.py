@@ -84,6 +84,43 @@ def test_a_first_launchs_extra_cost_does_not_rank_a_configuration(tmp_path, monk
     assert _train(sp, X, 2, iters=10).variant.startswith("V3" if warm_launch else "V4")
 
 
+def test_what_exploring_costs_is_known_to_every_specializer_of_the_backend(tmp_path, monkeypatch, rng):
+    """A GMM per call makes a specializer per call: the per-run overhead and the sample copy's rate
+    that one call measured must charge the next call's first run and copy (they were each
+    specializer's own, so every call predicted them as free and overshot its allowance)."""
+    from asp_gmm.specializer import _Exploration
+
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = FakeBackend(costs={"V1": 5e-7, "V2": 3e-7, "V3": 1e-7, "V4": 2e-7, "V5": 4e-7})
+    X = make_blobs(rng, 140000, 3, 2)
+    one = Specializer(be, HistorySelector(h))
+    assert _train(one, X, 2, iters=10).explored and one.last_exploration["copy"] > 0
+    other = Specializer(be, HistorySelector(h))
+    p = Problem(len(X), 3, 2, "full", X.dtype.name)
+    plan = other.policy.choose(be, p, other.candidates(p))
+    ex = _Exploration(other, X, p, selection.SAMPLE_MIN, 10, plan)
+    assert ex._predicted_copy() > 0 and ex.overhead > 0
+    assert ex.overhead == one._costs.overhead[selection.problem_class(p)]
+    # the allowance is a tenth of the call as a whole (its last wall time per iteration, exploring
+    # left out), not only of its kernels' time
+    own = one._costs.call_seconds[selection.problem_class(p)]
+    assert own > 0
+    kernels = ex.sp.policy.explore_allowance(p, 10, min(r for r in (ex.fastest, ex.whole) if r))
+    one._costs.call_seconds[selection.problem_class(p)] = 100 * kernels
+    assert ex.allowance() >= selection.EXPLORE_FRACTION * 10 * 100 * kernels
+    h.close()
+
+
+def test_the_allowance_is_a_tenth_of_the_call_as_a_whole():
+    pol = Policy()
+    p = Problem(500000, 36, 128)
+    kernels = pol.explore_allowance(p, 10, 4e-9)
+    assert kernels == pytest.approx(selection.EXPLORE_FRACTION * 10 * 500000 * 4e-9)
+    assert pol.explore_allowance(p, 10, 4e-9, 5.4e-3) == pytest.approx(selection.EXPLORE_FRACTION * 10 * 5.4e-3)
+    assert pol.explore_allowance(p, 10, 4e-9, 1e-6) == kernels  # never below the kernels' own
+
+
 def test_large_n_explores_on_a_sample_records_it_as_sampled_and_keeps_the_result(tmp_path, monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")

@@ -140,11 +140,16 @@ class Policy:
         )
         return N if 4 * s > N else s
 
-    def explore_allowance(self, problem: Problem, max_iters: int, seconds_per_event: float) -> float:
-        """Seconds of a call that exploring may take: :data:`EXPLORE_FRACTION` of its estimated time
-        (``max_iters`` iterations of ``problem.N`` events at ``seconds_per_event``, the fastest
-        measured so far)."""
-        return EXPLORE_FRACTION * max(max_iters, 1) * problem.N * seconds_per_event
+    def explore_allowance(
+        self, problem: Problem, max_iters: int, seconds_per_event: float, call_seconds: float | None = None
+    ) -> float:
+        """Seconds of a call that exploring may take: :data:`EXPLORE_FRACTION` of its estimated time,
+        ``max_iters`` iterations of ``problem.N`` events at ``seconds_per_event`` (the fastest
+        measured so far), or of ``call_seconds`` each where the class's last call took that long per
+        iteration as a whole (the data's upload and the session included: a GPU call of 54 ms ran
+        20 ms of kernels, and an allowance of a tenth of those could not pay for a sample's copy)."""
+        per_iter = max(problem.N * seconds_per_event, call_seconds or 0.0)
+        return EXPLORE_FRACTION * max(max_iters, 1) * per_iter
 
     # ------------------------------------------------------------------ E-step
     def choose_estep(self, backend, problem: Problem, candidates: list, pinned: str | None = None):
