@@ -88,7 +88,7 @@ def test_what_exploring_costs_is_known_to_every_specializer_of_the_backend(tmp_p
     """A GMM per call makes a specializer per call: the per-run overhead and the sample copy's rate
     that one call measured must charge the next call's first run and copy (they were each
     specializer's own, so every call predicted them as free and overshot its allowance)."""
-    from asp_gmm.specializer import _Exploration
+    from asp_gmm.explore import Exploration as _Exploration
 
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")

@@ -70,7 +70,7 @@ nearest classes; for tunables the variant's time times the prior, else :data:`TU
 ``Plan.unknown_ratio`` (the device's widest measured spread, at least :data:`UNKNOWN_RATIO`)
 when nothing predicts it, plus the overheads seen; a configuration that would overshoot is left
 for a later call. What earlier calls of the class left unspent (``Plan.banked``) may be spent
-too (at most ``asp_gmm.specializer.BANK_CALLS`` times the call's own allowance), so the class's
+too (at most ``asp_gmm.explore.BANK_CALLS`` times the call's own allowance), so the class's
 total exploring stays within :data:`EXPLORE_FRACTION` of its total time. ``TrainResult.why``
 states each call's spending; ``asp-gmm history why`` the class's. The bound rests on the
 prediction: a configuration slower than predicted (an unpredicted one more than
