@@ -160,6 +160,11 @@ class Exploration:
             self.session.close()
         if self.runs:
             self.sp._costs.overhead[selection.problem_class(self.problem)] = self.overhead
+        elif self.skipped and self.session is None and self.sp._costs.copy_rate:
+            # nothing fitted with the sample's predicted copy: halve that prediction, so that one
+            # costly copy (a process's first session: 38 ms against 3 ms after) cannot stop the
+            # exploring for good; the next copy made measures it again
+            self.sp._costs.copy_rate *= 0.5
         self.closed = self.spent()
 
     def account(self) -> dict:

@@ -112,6 +112,34 @@ def test_what_exploring_costs_is_known_to_every_specializer_of_the_backend(tmp_p
     h.close()
 
 
+def test_the_calls_own_time_counts_from_when_its_caller_began(tmp_path, monkeypatch, rng):
+    """``started`` (GMM.train's first statement) makes the checks and the seeding before the
+    specializer part of the call whose tenth exploring may take; one costly copy of the sample
+    that stops every candidate from fitting is predicted half as costly on the next call, so that
+    exploring is not stopped for good by a process's first session."""
+    from asp_gmm.explore import Exploration
+
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = FakeBackend(costs={"V1": 5e-7, "V2": 3e-7, "V3": 1e-7, "V4": 2e-7, "V5": 4e-7})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    N, D = X.shape
+    p = Problem(N, D, 2, "full", X.dtype.name)
+    w, mu = np.full(2, 0.5), X[[0, N - 1]].astype(np.float64)
+    cv = np.repeat(np.eye(D)[None], 2, 0)
+    sp.train(X, w, mu, cv, p, 1e-6, 10, 10, 0.0, started=time.perf_counter() - 3.0)
+    assert sp._costs.call_seconds[selection.problem_class(p)] >= 0.3  # 3 s over 10 iterations
+    sp._costs.copy_rate = 1.0  # a second per byte: nothing can fit
+    plan = sp.policy.choose(be, p, sp.candidates(p))
+    assert plan.explore
+    ex = Exploration(sp, X, p, selection.SAMPLE_MIN, 10, plan)
+    ex.round(plan, w, mu, cv, 1e-6)
+    ex.close()
+    assert ex.runs == 0 and ex.skipped and sp._costs.copy_rate == 0.5
+    h.close()
+
+
 def test_the_allowance_is_a_tenth_of_the_call_as_a_whole():
     pol = Policy()
     p = Problem(500000, 36, 128)
