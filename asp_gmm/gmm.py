@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 
 import numbers
-import time
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
@@ -252,7 +251,6 @@ class GMM:
         float
             Total log-likelihood of X under the trained parameters.
         """
-        started = time.perf_counter()  # the call as its caller feels it (exploring's allowance)
         for name, val in (("min_em_iters", min_em_iters), ("max_em_iters", max_em_iters)):
             if not isinstance(val, numbers.Integral) or val < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {val!r}")
@@ -289,7 +287,6 @@ class GMM:
                 self.variant,
                 progress,
                 sample_weight=sample_weight,
-                started=started,
             )
         N = res.n_events or N
         self.weights = res.weights.astype(self.dtype)

@@ -163,15 +163,11 @@ class Specializer:
         variant: str | None = None,
         progress: bool | None = None,
         sample_weight=None,
-        started: float | None = None,
     ) -> TrainResult:
         """EM from the given parameters (float64) on X: the pass loop (:func:`asp_gmm.fit.passes.em`)
         for a chunk source, an X beyond the device budget or a weighted fit (``sample_weight``,
         checked by the caller) that the backend's session cannot weigh itself, else the backend's
-        compiled loop with the policy's plan (weighted: among the variants that take the weights).
-        ``started``: the ``time.perf_counter()`` at which the caller's call began (its checks and
-        seeding included), so that the next call's exploration allowance is a tenth of the call as
-        the caller feels it."""
+        compiled loop with the policy's plan (weighted: among the variants that take the weights)."""
         streamed = sources.wants_stream(X, self.backend, problem)
         weighed = (
             sample_weight is not None and not streamed and self._weights_in_session(problem, sample_weight, variant)
@@ -351,7 +347,7 @@ class Specializer:
         finally:
             session.close()
         if iters:  # this call's own time per iteration, exploring left out: the next allowance's basis
-            own = time.perf_counter() - (started or t_start) - (self.last_exploration or {}).get("spent", 0.0)
+            own = time.perf_counter() - t_start - (self.last_exploration or {}).get("spent", 0.0)
             self._costs.call_seconds[selection.problem_class(problem)] = own / iters
         # the candidates to explore compile after the call, not competing with it for the cores
         for c in plan.compile_later:

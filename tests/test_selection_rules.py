@@ -112,11 +112,10 @@ def test_what_exploring_costs_is_known_to_every_specializer_of_the_backend(tmp_p
     h.close()
 
 
-def test_the_calls_own_time_counts_from_when_its_caller_began(tmp_path, monkeypatch, rng):
-    """``started`` (GMM.train's first statement) makes the checks and the seeding before the
-    specializer part of the call whose tenth exploring may take; one costly copy of the sample
-    that stops every candidate from fitting is predicted half as costly on the next call, so that
-    exploring is not stopped for good by a process's first session."""
+def test_a_copy_too_costly_for_anything_to_fit_is_predicted_half_as_costly_next(tmp_path, monkeypatch, rng):
+    """One costly copy of the sample that stops every candidate from fitting is predicted half as
+    costly on the next call, so that exploring is not stopped for good by a process's first session
+    (38 ms against 3 ms after on the H200)."""
     from asp_gmm.explore import Exploration
 
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
@@ -128,8 +127,8 @@ def test_the_calls_own_time_counts_from_when_its_caller_began(tmp_path, monkeypa
     p = Problem(N, D, 2, "full", X.dtype.name)
     w, mu = np.full(2, 0.5), X[[0, N - 1]].astype(np.float64)
     cv = np.repeat(np.eye(D)[None], 2, 0)
-    sp.train(X, w, mu, cv, p, 1e-6, 10, 10, 0.0, started=time.perf_counter() - 3.0)
-    assert sp._costs.call_seconds[selection.problem_class(p)] >= 0.3  # 3 s over 10 iterations
+    sp.train(X, w, mu, cv, p, 1e-6, 10, 10, 0.0)
+    assert sp._costs.call_seconds[selection.problem_class(p)] > 0
     sp._costs.copy_rate = 1.0  # a second per byte: nothing can fit
     plan = sp.policy.choose(be, p, sp.candidates(p))
     assert plan.explore
