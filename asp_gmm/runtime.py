@@ -27,8 +27,9 @@ class ExploreCosts:
     """What the sampled explorations of one backend cost in this process: ``overhead`` (problem
     class -> the largest per-run cost besides the timed iteration in the class's last exploration),
     ``copy_rate`` (seconds per byte of the last sample's copy and session; None before one) and
-    ``call_seconds`` (problem class -> wall seconds per EM iteration of its last call, exploring
-    left out: the data's upload, the session and the launches included, as a user feels the call)."""
+    ``call_seconds`` (problem class -> wall seconds per EM iteration of the specializer's part of
+    its last call, exploring left out: the data's upload, the session and the launches included,
+    the Face's checks and seeding not)."""
 
     __slots__ = ("overhead", "copy_rate", "call_seconds")
 

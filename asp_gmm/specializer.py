@@ -75,7 +75,8 @@ class Specializer:
         #: (seconds; None when the call explored in place or not at all)
         self.last_exploration = None
         #: what the backend's sampled explorations cost in this process (the per-run overhead per
-        #: class, the sample copy's rate), shared with the backend's other specializers: a call's
+        #: class, the sample copy's rate, the calls' own time per iteration), shared with the
+        #: backend's other specializers: a call's
         #: first run and its copy are charged before they run (charged nothing, they overshot a
         #: GPU call's allowance 2-6x)
         self._costs = self.runtime.explore_costs(self.backend)

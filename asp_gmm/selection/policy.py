@@ -145,9 +145,9 @@ class Policy:
     ) -> float:
         """Seconds of a call that exploring may take: :data:`EXPLORE_FRACTION` of its estimated time,
         ``max_iters`` iterations of ``problem.N`` events at ``seconds_per_event`` (the fastest
-        measured so far), or of ``call_seconds`` each where the class's last call took that long per
-        iteration as a whole (the data's upload and the session included: a GPU call of 54 ms ran
-        20 ms of kernels, and an allowance of a tenth of those could not pay for a sample's copy)."""
+        measured so far), or of ``call_seconds`` each where the specializer's part of the class's
+        last call took longer per iteration (the data's upload and the session's set-up are part of
+        what the caller waits for, not only the kernels)."""
         per_iter = max(problem.N * seconds_per_event, call_seconds or 0.0)
         return EXPLORE_FRACTION * max(max_iters, 1) * per_iter
 
