@@ -343,14 +343,16 @@ def default_jobs(backend_name: str) -> int:
 
 
 def resolve_backend(name: str) -> str:
+    """``name``, or for "auto" the implementation the run will use: asp_gmm where it is installed
+    or this is its source checkout, else scikit-learn. Only looked up, not imported: the import
+    (50 ms) belongs to the warm-up thread, which runs beside the audio's reading and features."""
     if name != "auto":
         return name
-    try:
-        import asp_gmm  # noqa: F401
+    from importlib.util import find_spec
 
+    if find_spec("asp_gmm") is not None or (HERE.parents[1] / "asp_gmm" / "__init__.py").is_file():
         return "auto"
-    except ImportError:
-        return "sklearn"
+    return "sklearn"
 
 
 def params_from_args(args):
