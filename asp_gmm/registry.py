@@ -286,6 +286,26 @@ def render(variant: Variant, tunables: dict | None, problem: Problem, **context)
         raise ValueError(f"{variant.key} has no tunables {sorted(unknown)}; it has {sorted(variant.tunables)}")
     derived = variant.derive({**problem.as_dict(), **params})
     derived = {k: derived[k] for k in variant.extra.get("derived", {})}
-    env = _environment(variant.backend)
-    tmpl = env.get_template(variant.template)
-    return tmpl.render(problem=problem, variant=variant, **problem.as_dict(), **params, **derived, **context)
+    from .cache import digest
+    from .template_cache import jinja_identity, load_source, store_source
+
+    # Every input of the rendering: the manifest (its repr), the templates it reads (their sha256),
+    # the values the template sees and the Jinja2 that renders.
+    key = digest(
+        "render",
+        repr(variant),
+        variant.source_sha256,
+        sorted(params.items()),
+        repr(problem),
+        sorted(problem.as_dict().items()),
+        sorted(derived.items()),
+        sorted((k, repr(v)) for k, v in context.items()),
+        jinja_identity(),
+    )
+    src = load_source(key)
+    if src is None:
+        env = _environment(variant.backend)
+        tmpl = env.get_template(variant.template)
+        src = tmpl.render(problem=problem, variant=variant, **problem.as_dict(), **params, **derived, **context)
+        store_source(key, src)
+    return src

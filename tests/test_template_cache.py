@@ -76,3 +76,49 @@ def test_the_variants_render_the_same_through_the_cache(folder):
     finally:
         registry._environment.cache_clear()
     assert any(folder.iterdir())
+
+
+def _cuda_render(v, p):
+    from asp_gmm.backends.cuda.compile import render_source
+
+    return render_source(v, v.default_tunables(), p)
+
+
+def test_a_rendered_source_is_kept_and_read_without_jinja2(folder, monkeypatch):
+    """A warm process finds its binaries by their sources' sha256: the sources rendered earlier are
+    read back from the cache (no Jinja2 environment is made), and a changed input renders anew."""
+    from asp_gmm.problem import Problem
+    from asp_gmm.template_cache import SOURCES
+
+    p = Problem(1000, 19, 16, "diag", "float32")
+    v = next(v for v in registry.variants("cuda") if v.template)
+    first = _cuda_render(v, p)
+    kept = list((folder.parent / SOURCES).iterdir())
+    assert len(kept) == 1 and stat.S_IMODE(kept[0].stat().st_mode) & 0o077 == 0
+
+    def no_jinja(backend):
+        raise AssertionError("rendered again although the source was kept")
+
+    monkeypatch.setattr(registry, "_environment", no_jinja)
+    assert _cuda_render(v, p) == first
+    # another class of problem (here the dtype) is another source: rendered, not read
+    with pytest.raises(AssertionError, match="rendered again"):
+        _cuda_render(v, Problem(1000, 19, 16, "diag", "float64"))
+
+
+def test_a_torn_or_altered_kept_source_is_rendered_again(folder, monkeypatch):
+    from asp_gmm.problem import Problem
+    from asp_gmm.template_cache import SOURCES
+
+    p = Problem(1000, 19, 16, "diag", "float32")
+    v = next(v for v in registry.variants("cuda") if v.template)
+    first = _cuda_render(v, p)
+    (entry,) = (folder.parent / SOURCES).iterdir()
+    text = entry.read_text()
+    for bad in (text[: len(text) // 2], text.replace("\n", "\n// altered\n", 3)):
+        entry.write_text(bad)
+        assert _cuda_render(v, p) == first
+        assert entry.read_text() == text  # replaced by the good one
+    os.chmod(entry, 0o666)
+    with pytest.raises(UnsafeCacheError, match="writable by group and others"):
+        _cuda_render(v, p)
