@@ -20,6 +20,7 @@ from .fit import seed, sources
 from .fit.data import Data, _as_dtype, as_data, check_data  # noqa: F401  (check_data: for the drop-in)
 from .frozen import freeze  # noqa: F401  (public: asp_gmm.freeze)
 from .problem import CVTYPES, KERNEL_CVTYPE, Problem
+from .runtime import default_runtime
 from .specializer import Specializer
 
 __all__ = ["GMM", "compute_distance_BIC", "prepare", "freeze"]
@@ -154,11 +155,20 @@ class GMM:
         M, cv = self.M, self._kcv  # seeded as the kernel type, then shaped as cvtype
         if data.kind == "host":
             X = data.X
-            with (
-                np.errstate(over="ignore", invalid="ignore"),
-                _small_blas(data.N * self.D * self.D if cv == "full" else 0),
-            ):
-                var, cov = seed.host_moments(X, cv, sample_weight)
+            # an immutable array's moments are kept (a pass over 500 000 x 36 events: 15 ms on two cores)
+            memo = default_runtime().moments_memo if sample_weight is None else None
+            known = memo.get(X, {}) if memo is not None else {}
+            if cv in known:
+                var, cov = known[cv]
+            else:
+                with (
+                    np.errstate(over="ignore", invalid="ignore"),
+                    _small_blas(data.N * self.D * self.D if cv == "full" else 0),
+                ):
+                    var, cov = seed.host_moments(X, cv, sample_weight)
+                if memo is not None:
+                    var.flags.writeable = cov.flags.writeable = False
+                    memo.put(X, {**known, cv: (var, cov)})
             self._check_variance(var)
             means = X[seed.event_index(data.N, M, self.seed, sample_weight)]
             covars = seed.covariances(cov, M, cv, self.reg_covar, symmetrise=False)

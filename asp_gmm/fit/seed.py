@@ -15,7 +15,7 @@ zero is never picked, and the (co)variance is the weighted one.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
 
 import numpy as np
 
@@ -136,16 +136,29 @@ def equal_weights(M: int, dtype) -> np.ndarray:
     return np.full(M, 1.0 / M, dtype=dtype)
 
 
-#: Rows per block of :func:`host_moments` (float64 temporaries of a few MiB: cache-sized)
-HOST_BLOCK_ROWS = 1 << 15
+#: Bytes of float64 per block of :func:`host_moments` (cache-sized: each thread keeps one block's
+#: scratch; a fresh 9 MB temporary per block was page-faulted in on every call)
+HOST_BLOCK_BYTES = 1 << 21
+
+_scratch = threading.local()
+
+
+def _block_rows(D: int) -> int:
+    return max(1024, min(1 << 15, HOST_BLOCK_BYTES // (8 * max(D, 1))))
 
 
 def _block_sums(Xb, shift, wb, full: bool):
     """``(sum y, sum y^2, sum w y, sum w y y^T or sum w y^2)`` of one block's rows ``y = x - shift``
-    in float64 (``wb`` None: unweighted, the weighted sums are the plain ones)."""
-    Y = Xb.astype(np.float64)
-    Y -= shift
-    ones = np.ones(Y.shape[0])
+    in float64 (``wb`` None: unweighted, the weighted sums are the plain ones). The rows are
+    centred into this thread's scratch block, kept between calls."""
+    n, D = Xb.shape
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.shape[0] < n or buf.shape[1] != D:
+        buf = _scratch.buf = np.empty((max(n, _block_rows(D)), D))
+        _scratch.ones = np.ones(buf.shape[0])
+    Y = buf[:n]
+    np.subtract(Xb, shift, out=Y)
+    ones = _scratch.ones[:n]
     q1 = ones @ Y  # (BLAS: a column sum of a C-ordered block is slow in NumPy's own reduction)
     if wb is None:
         if full:
@@ -169,25 +182,27 @@ def host_moments(X: np.ndarray, cvtype: str, sample_weight=None):
     for "full", (D,) otherwise. Blocked passes in float64 over X minus a shift (the mean of rows at
     even intervals: an offset of the data, ``X + 1000``, costs no digits), with no full-size copy of
     X (a float64 copy and the centred rows of a million events of 16 dimensions were four 128 MB
-    temporaries); large X on a thread per core (NumPy releases the GIL in the block's work; the
-    partial sums are added in block order, so the result does not depend on the threads). The
+    temporaries); large X on the runtime's host threads (NumPy releases the GIL in the block's work;
+    the partial sums are added in block order, so the result does not depend on the threads). The
     unweighted variance checks the data's scale against the working precision, zero-weight rows
     included (they are in the E-steps too)."""
     N, D = X.shape
     w = None if sample_weight is None else np.asarray(sample_weight, np.float64)
     full = cvtype == "full"
     shift = X[:: max(N // 1024, 1)].astype(np.float64).mean(axis=0)
-    starts = range(0, N, HOST_BLOCK_ROWS)
+    rows = _block_rows(D)
+    starts = range(0, N, rows)
 
     def one(a):
-        return _block_sums(X[a : a + HOST_BLOCK_ROWS], shift, None if w is None else w[a : a + HOST_BLOCK_ROWS], full)
+        return _block_sums(X[a : a + rows], shift, None if w is None else w[a : a + rows], full)
 
-    workers = min(os.cpu_count() or 1, 8, len(starts))
-    if workers > 1 and len(starts) >= 4:
+    if len(starts) >= 4 and (os.cpu_count() or 1) > 1:
+        from ..runtime import default_runtime
+
         # one BLAS thread under each block thread (a threaded BLAS under every one of them made the
         # diarization example's feature threads 1.4-2.2x slower than one thread on a 16-core host)
-        with one_blas_thread(), ThreadPoolExecutor(workers, thread_name_prefix="asp_gmm-seed") as pool:
-            parts = list(pool.map(one, starts))
+        with one_blas_thread():
+            parts = list(default_runtime().host_pool().map(one, starts))
     else:
         parts = [one(a) for a in starts]
     q1, q2, s1, s2 = (np.array(parts[0][k]) for k in range(4))  # (copies: the blocks' sums may alias)
