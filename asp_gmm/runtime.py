@@ -73,6 +73,7 @@ class Runtime:
         self._pool = None  # the background-compile pool, made on first use
         self._compile_pool = None  # NVRTC's compile threads, made on first use
         self._host_pool = None  # threads for passes over host data, made on first use
+        self.host_workers = 0  # ... and how many (0 until made)
         from .frozen import Memo
 
         #: immutable arrays already checked for NaN/inf (:func:`asp_gmm.fit.data.check_data`)
@@ -125,9 +126,8 @@ class Runtime:
                     from concurrent.futures import ThreadPoolExecutor
 
                     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-                    self._host_pool = ThreadPoolExecutor(
-                        max_workers=max(1, min(n, 8)), thread_name_prefix="asp_gmm-host"
-                    )
+                    self.host_workers = max(1, min(n, 8))
+                    self._host_pool = ThreadPoolExecutor(self.host_workers, thread_name_prefix="asp_gmm-host")
         return self._host_pool
 
     def compile_pool(self):

@@ -146,3 +146,20 @@ def test_an_immutable_arrays_seeding_moments_are_computed_once(monkeypatch):
         g.train(X, max_em_iters=2)  # the writable original: computed, and the same
         np.testing.assert_allclose(g.covars, cov, rtol=1e-10)
     assert calls == ["diag", "full"] + [cv for cv, _ in fits]
+
+
+@pytest.mark.parametrize("blas_threads", [0, 64])
+@pytest.mark.parametrize("cvtype", ["diag", "full"])
+def test_the_seeding_moments_of_a_large_array_match_float64_on_both_sum_paths(blas_threads, cvtype, monkeypatch):
+    """host_moments on the host threads (blocks of float64 scratch, column sums by BLAS or by NumPy's
+    reduction) against NumPy's float64 covariance, at an offset that costs float32 its digits."""
+    from asp_gmm.fit import seed
+
+    monkeypatch.setattr(seed, "BLAS_SUM_THREADS", blas_threads)
+    monkeypatch.setattr(seed, "HOST_BLOCK_BYTES", 1 << 16)  # blocks of 1170 rows: 35 blocks
+    X = (np.random.default_rng(5).standard_normal((40_003, 7)) * [1, 2, 3, 4, 5, 6, 0.5] + 1000).astype(np.float32)
+    assert len(range(0, len(X), seed._block_rows(7))) >= 4  # (the threaded path)
+    var, cov = seed.host_moments(X, cvtype)
+    ref = np.cov(X.astype(np.float64).T, bias=True)
+    np.testing.assert_allclose(var, np.diag(ref), rtol=1e-12)
+    np.testing.assert_allclose(cov, ref if cvtype == "full" else np.diag(ref), rtol=1e-12, atol=1e-12)
