@@ -240,7 +240,9 @@ class Specializer:
                 stand_in = next(
                     (
                         c
-                        for c in selection.rule_order(backend, self.candidates(problem, None, weighed))
+                        for c in selection.rule_order(
+                            backend, self.candidates(problem, None, weighed), problem.kernel_cvtype
+                        )
                         if c != pending[0] and ready(c)
                     ),
                     None,

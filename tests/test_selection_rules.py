@@ -595,10 +595,33 @@ def test_every_selectable_cuda_variant_has_a_place_in_the_rule():
     from asp_gmm import registry
     from asp_gmm.selection import PREFERENCE
 
-    order = PREFERENCE["cuda"]
     selectable = {v.name for v in registry.variants("cuda", "covariance") if v.extra.get("selectable", True)}
-    assert selectable <= set(order), sorted(selectable - set(order))
-    assert order[0] == "V5" and order.index("V4") > max(order.index(n) for n in ("V7", "V8", "V9"))
+    for order, first in ((PREFERENCE["cuda"], "V5"), (PREFERENCE[("cuda", "diag")], "V7")):
+        assert selectable <= set(order), sorted(selectable - set(order))
+        assert order[0] == first and order.index("V4") > max(order.index(n) for n in ("V7", "V8", "V9"))
+
+
+@pytest.mark.parametrize(
+    "cvtype, without, first",
+    [("diag", (), "V7"), ("spherical", (), "V7"), ("diag", ("V7",), "V9"), ("full", (), "V5"), ("tied", (), "V5")],
+)
+def test_the_cuda_rule_starts_a_diagonal_class_on_v7_and_a_full_one_on_v5(cvtype, without, first):
+    """A fresh history runs the rule's first choice: for diagonal (and spherical) problems V7, else
+    V9 (measured fastest where V7 cannot run; V5 nowhere: benchmarks/rule_order.py), for full (and
+    tied) V5. Every caller passes the problem's kernel covariance type."""
+    from types import SimpleNamespace
+
+    from asp_gmm import registry
+    from asp_gmm.selection import Config, RuleSelector
+
+    be = SimpleNamespace(name="cuda")
+    cands = [
+        Config.of(v, v.default_tunables())
+        for v in registry.variants("cuda", "covariance")
+        if v.name not in without and Problem(1000, 8, 4, cvtype, "float32").kernel_cvtype in v.cvtypes
+    ]
+    plan = RuleSelector().plan(be, Problem(1000, 8, 4, cvtype, "float32"), cands)
+    assert plan.primary.variant.name == first
 
 
 @pytest.mark.parametrize("slow", [100.0, 2.0])

@@ -176,7 +176,9 @@ def _whole_plan(sp, problem: Problem, variant):
 
     cands = sp.candidates(problem, variant)
     choice = sp.policy.choose(sp.backend, problem, cands, pinned=variant is not None, tuning=False)
-    order = [choice.primary] + [c for c in selection.rule_order(sp.backend, cands) if c != choice.primary]
+    order = [choice.primary] + [
+        c for c in selection.rule_order(sp.backend, cands, problem.kernel_cvtype) if c != choice.primary
+    ]
     for cfg in order:
         kernel = sp._kernel(cfg, problem, sp.policy, reraise=variant is not None)
         if kernel is not None:

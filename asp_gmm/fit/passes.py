@@ -111,7 +111,7 @@ def plan(spec, problem: Problem, variant: str | None = None, weighted: bool = Fa
     if weighted and variant is None and getattr(spec.backend, "weights_in_kernels", False):
         cands = [c for c in cands if c.variant.takes_weights] or cands  # (none: the default runner folds them)
     p = spec.policy.choose(spec.backend, bp, cands, pinned=variant is not None, tuning=False)
-    order = [p.primary] + [c for c in selection.rule_order(spec.backend, cands) if c != p.primary]
+    order = [p.primary] + [c for c in selection.rule_order(spec.backend, cands, bp.kernel_cvtype) if c != p.primary]
     for cfg in order:
         kernel = spec._kernel(cfg, bp, spec.policy, reraise=variant is not None)
         if kernel is not None:

@@ -371,7 +371,7 @@ class HistorySelector(Selector):
         Returns ``(ranking, predicted?, {config: (ln(t / t_best predicted), classes it rests on)},
         one line saying how)``. The predictor is the cost model where it beats the nearest-neighbour
         rule by leave-one-out on this history, else the nearest-neighbour rule."""
-        base = rule_order(backend, valid)
+        base = rule_order(backend, valid, problem.kernel_cvtype)
         keys = {self.vkey(c): c for c in base}
         name, model, loo_nn, loo_model = idx.predictor(problem.cvtype, problem.dtype)
         if model is not None:

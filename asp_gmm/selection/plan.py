@@ -66,6 +66,12 @@ PREFERENCE = {
     # GEMMs: 1.5-2.6x V5 at large diagonal problems), so that a new class explores them on its
     # first call rather than its third to sixth; V4 fills the GPU for any M; V3 only for M >= SMs
     "cuda": ["V5", "V9", "V7", "V8", "V4", "V3", "V2", "V1"],
+    # diagonal on CUDA: V7 (fused into the E-step) then V9 (two GEMMs). Measured (H200, default
+    # tunables, 40 shapes N 2e5-1e6, D 4-128, M 8-512: benchmarks/rule_order.py), V7 was the fastest
+    # wherever its limits let it run but at (D, M) = (64, 128) (1.5x V9's time there), V9 wherever
+    # V7 could not run, and V5 at none (1.2-2.6x); V5 first ran a new diagonal class's first calls
+    # at V5's speed until V7 was explored (the fourth call of a fresh history at 500 000 x 36 x 128)
+    ("cuda", "diag"): ["V7", "V9", "V5", "V8", "V4", "V3", "V2", "V1"],
     "numpy": ["reference"],
 }
 #: E-step variants in order of preference, per backend, used when the history has no E-step timings
@@ -150,9 +156,15 @@ class Selector:
         The rule has none."""
 
 
-def rule_order(backend, candidates: list) -> list:
-    """``candidates`` sorted by the backend's preference list (unlisted ones last, stable)."""
-    order = list(getattr(backend, "preference", None) or PREFERENCE.get(backend.name, []))
+def rule_order(backend, candidates: list, cvtype: str | None = None) -> list:
+    """``candidates`` sorted by the backend's preference list (unlisted ones last, stable): the
+    backend's own ``preference`` attribute, else :data:`PREFERENCE` for (backend, ``cvtype``, the
+    problem's kernel covariance type) where it has one, else for the backend."""
+    order = list(
+        getattr(backend, "preference", None)
+        or PREFERENCE.get((backend.name, cvtype))
+        or PREFERENCE.get(backend.name, [])
+    )
     rank = {n: i for i, n in enumerate(order)}
     return sorted(candidates, key=lambda c: rank.get(c.variant.name, len(order)))
 
@@ -165,6 +177,6 @@ class RuleSelector(Selector):
             raise ValueError(f"no variant of backend {backend.name!r} can run {problem}")
         if pinned or len(candidates) == 1:
             return Plan(candidates[0], [], "pinned" if pinned else "only candidate")
-        best = rule_order(backend, candidates)[0]
+        best = rule_order(backend, candidates, problem.kernel_cvtype)[0]
         log.debug("rule: %s for %s on %s", best.label, problem, backend.name)
         return Plan(best, [], "rule")
