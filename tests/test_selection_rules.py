@@ -568,7 +568,7 @@ def test_spread_is_the_widest_class_ratio_and_follows_new_rows(rules):
 
     def brute(ct):
         w = 1.0
-        for k, per in idx.classes.items():
+        for k, per in list(idx.classes.items()) + list(idx.sampled.items()):
             ts = [a.median for a in per.values() if a.median > 0]
             if k[:2] == ct and len(ts) > 1:
                 w = max(w, max(ts) / min(ts))
@@ -585,6 +585,22 @@ def test_spread_is_the_widest_class_ratio_and_follows_new_rows(rules):
         sel.record(be, p, cands(p)[0], "ok", slow)
     idx = sel.index(be)
     assert idx.spread(*ct) == pytest.approx(brute(ct), rel=1e-12) and idx.spread(*ct) > 100
+
+
+def test_spread_counts_the_ratios_measured_on_samples(rules):
+    """In a fresh history the sampled timings are all there is: a configuration 70x the fastest on a
+    sample widens the spread, so the next unmeasured ones are predicted that costly, not at the
+    4x floor (they overshot a call's allowance 2-10x)."""
+    sel, be, h = rules
+    idx = sel.index(be)
+    ct = ("diag", "float32")
+    before = idx.spread(*ct)
+    p = Problem(32768, 7, 5, *ct)  # a class the history has not measured
+    fast, slow = cands(p)[:2]
+    for cfg, per_event in ((fast, 1e-8), (slow, 70e-8)):
+        sel.record(be, p, cfg, "ok", per_event * p.N, None, 1, sampled_from=3_000_000)
+    idx = sel.index(be)
+    assert idx.spread(*ct) == pytest.approx(max(before, 70.0), rel=1e-6) and idx.spread(*ct) >= 70.0 - 1e-6
 
 
 def test_every_selectable_cuda_variant_has_a_place_in_the_rule():

@@ -90,7 +90,7 @@ class _Index:
                 of = getattr(r, "sampled_from", None)
                 ck = (r.cvtype, r.dtype, r.D, r.M, round(2 * math.log2(max(of or r.N, 1))))
                 self._scores.pop(ck, None)
-                self._class_spread.pop(ck, None)
+                self._class_spread.pop((bool(of), ck), None)
                 table = self.sampled if of else self.classes
                 per = table.get(ck)
                 if per is None:
@@ -168,20 +168,24 @@ class _Index:
 
     def spread(self, cvtype: str, dtype: str) -> float:
         """The widest ratio slowest / fastest among the configurations measured in one class of
-        this cvtype and dtype (whole-data timings; 1.0 when no class has two). Each class's ratio
-        is kept until a row of the class comes in (as its scores are), so a call after a recorded
-        row recomputes one class, not every class."""
+        this cvtype and dtype, on the whole data or on samples of it (1.0 when no class has two).
+        The samples' count: in a fresh history they are all there is, and a fallback variant 70x
+        the fastest on a sample left the next unmeasured ones predicted at the 4x floor, each
+        overshooting a call's exploring allowance 2-10x. Each class's ratio is kept until a row
+        of the class comes in (as its scores are), so a call after a recorded row recomputes one
+        class, not every class."""
         got = self._spread.get((cvtype, dtype))
         if got is None or got[0] != self.consumed:
             widest = 1.0
-            for k, per in self.classes.items():
-                if k[:2] != (cvtype, dtype) or len(per) < 2:
-                    continue
-                w = self._class_spread.get(k)
-                if w is None:
-                    ts = [a.median for a in per.values() if a.median > 0]
-                    w = self._class_spread[k] = max(ts) / min(ts) if len(ts) > 1 else 1.0
-                widest = max(widest, w)
+            for sampled, table in ((False, self.classes), (True, self.sampled)):
+                for k, per in table.items():
+                    if k[:2] != (cvtype, dtype) or len(per) < 2:
+                        continue
+                    w = self._class_spread.get((sampled, k))
+                    if w is None:
+                        ts = [a.median for a in per.values() if a.median > 0]
+                        w = self._class_spread[(sampled, k)] = max(ts) / min(ts) if len(ts) > 1 else 1.0
+                    widest = max(widest, w)
             got = self._spread[(cvtype, dtype)] = (self.consumed, widest)
         return got[1]
 
