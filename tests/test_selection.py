@@ -478,6 +478,30 @@ def test_estep_choice_follows_the_preference_until_the_history_has_timings(tmp_p
         policy.choose_estep(be, p, [(fast, [])])
 
 
+def test_the_estep_choice_takes_the_fastest_measured_combination_its_limits_allow(tmp_path):
+    """With tunables: the fastest measured combination among those offered for the problem; one
+    measured but not offered (its limits exclude it here) is not taken, nor is another variant's
+    code of the same name (another source); a tie goes to the earlier candidate."""
+    from asp_gmm.selection import Policy
+
+    be = FakeBackend()
+    a = fake_variant("estep_fast", {"tile": [1, 2, 4]})
+    b = fake_variant("estep", {"w": [8, 16]})
+    other = fake_variant("estep", {"w": [8, 16]}, sha="another-source")
+    p = Problem(10_000, 4, 3, "diag", "float32")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    policy = Policy(HistorySelector(h), estep_preference={be.name: ["estep_fast", "estep"]})
+    cands = [(a, [{"tile": 1}, {"tile": 2}]), (b, [{"w": 8}, {"w": 16}])]
+    for v, tun, sec in ((a, {"tile": 4}, 1e-4), (other, {"w": 8}, 2e-4), (a, {"tile": 2}, 3e-3), (b, {"w": 16}, 2e-3)):
+        policy.record(be, p, Config.of(v, tun), "ok", sec)
+    h.flush()
+    assert policy.choose_estep(be, p, cands) == (b, {"w": 16})
+    policy.record(be, p, Config.of(a, {"tile": 1}), "ok", 2e-3)  # ties b's w=16: the earlier wins
+    h.flush()
+    assert policy.choose_estep(be, p, cands) == (a, {"tile": 1})
+    h.close()
+
+
 def test_a_history_failing_in_the_estep_choice_is_reported_and_set_aside(tmp_path):
     from asp_gmm.selection import Policy
 

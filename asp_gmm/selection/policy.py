@@ -206,10 +206,21 @@ class Policy:
         measured = idx.classes.get(problem_class(problem), {})
         if not measured:
             return None
+        # the class's few measured keys looked up among the candidates, not every candidate's
+        # tunables combination (300 for the CUDA E-steps: 1-2 ms of every call) made a key
+        where = {(v.backend, v.name, v.source_sha256): (i, v, tuns) for i, (v, tuns) in enumerate(usable)}
         best = None
-        for v, tuns in usable:
-            for tun in tuns:
-                agg = measured.get(sel.vkey(Config.of(v, tun)))
-                if agg is not None and (best is None or agg.median < best[0]):
-                    best = (agg.median, v, tun)
-        return None if best is None else (best[1], best[2])
+        for vk, agg in measured.items():
+            hit = where.get((vk.backend, vk.name, vk.source_sha256))
+            if hit is None:
+                continue
+            i, v, tuns = hit
+            tun = vk.tunables_dict
+            try:
+                j = tuns.index(tun)
+            except ValueError:  # a combination its limits do not allow here
+                continue
+            cand = (agg.median, i, j, v)
+            if best is None or cand[:3] < best[:3]:
+                best = cand
+        return None if best is None else (best[3], usable[best[1]][1][best[2]])
