@@ -13,7 +13,8 @@ try for one iteration each first (exploration). After running, the specializer r
 measured timing and every failure back through :meth:`Selector.record`.
 
 :class:`RuleSelector` is the fixed, documented rule used when no history is available:
-the first configuration of the backend's preference list (:data:`PREFERENCE`) that is a candidate.
+the first configuration of the backend's preference list (:data:`PREFERENCE`, per covariance type
+where it has one: CUDA starts diagonal problems on V7, full ones on V5) that is a candidate.
 
 :class:`HistorySelector` (the default) chooses from the measured history of this device
 (``asp_gmm.tuning_db``), invisibly to the caller:
