@@ -144,7 +144,9 @@ _scratch = threading.local()
 
 
 def _block_rows(D: int) -> int:
-    return max(1024, min(1 << 15, HOST_BLOCK_BYTES // (8 * max(D, 1))))
+    """Rows of a block of D dimensions: about :data:`HOST_BLOCK_BYTES` of float64 (what each host
+    thread keeps as its scratch, also for large D), 64 to 32 768 rows."""
+    return max(64, min(1 << 15, HOST_BLOCK_BYTES // (8 * max(D, 1))))
 
 
 #: Above this many threads a block's column sums are NumPy's reductions, not BLAS: OpenBLAS serialises
