@@ -198,7 +198,9 @@ def host_moments(X: np.ndarray, cvtype: str, sample_weight=None):
     even intervals: an offset of the data, ``X + 1000``, costs no digits), with no full-size copy of
     X (a float64 copy and the centred rows of a million events of 16 dimensions were four 128 MB
     temporaries); large X on the runtime's host threads (NumPy releases the GIL in the block's work;
-    the partial sums are added in block order, so the result does not depend on the threads). The
+    the partial sums are added in block order, so the result does not depend on the scheduling; a
+    machine with more than :data:`BLAS_SUM_THREADS` of them sums a block's columns by NumPy
+    instead of BLAS, which may differ in the last bits). The
     unweighted variance checks the data's scale against the working precision, zero-weight rows
     included (they are in the E-steps too)."""
     N, D = X.shape
