@@ -122,3 +122,22 @@ def test_a_torn_or_altered_kept_source_is_rendered_again(folder, monkeypatch):
     os.chmod(entry, 0o666)
     with pytest.raises(UnsafeCacheError, match="writable by group and others"):
         _cuda_render(v, p)
+
+
+def test_every_template_names_the_templates_it_reads_literally():
+    """A kept source is found by the sha256 of its template and of every template that one names
+    (registry._template_closure_sha256 follows literal names only): a name computed in a template
+    would let an edit of the template it names go unnoticed, and the old source be used."""
+    import re
+    from pathlib import Path
+
+    root = Path(registry.__file__).resolve().parents[1] / "variants"
+    tag = re.compile(r"{%-?\s*(include|import|extends|from)\s+([^%]*?)-?%}")
+    offenders, seen = [], 0
+    for path in sorted(root.rglob("*.j2")):
+        for kind, arg in tag.findall(path.read_text()):
+            seen += 1
+            if not re.match(r"""\s*(["'])[^"']+\1""", arg):
+                offenders.append(f"{path.relative_to(root)}: {{% {kind} {arg.strip()} %}}")
+    assert seen > 10 and not offenders, (seen, offenders)
+    assert not re.match(r"""\s*(["'])[^"']+\1""", tag.findall("{% include name ~ '.h' %}")[0][1])
