@@ -9,7 +9,9 @@ created lazily on first use (:func:`default_runtime`); tests and applications ca
 and install it (:func:`set_default_runtime`) or pass a selector or policy explicitly.
 
 Importing asp_gmm creates none of this and registers no hook; the history registers its exit and
-fork hooks when the first history is opened.
+fork hooks when the first history is opened, and the first thread pool a runtime makes registers
+the fork hook that gives a forked child none of the parent's pools (their threads do not exist in
+the child, and a pool that believes it has idle threads never runs what it is given there).
 """
 
 from __future__ import annotations
@@ -18,9 +20,31 @@ import logging
 import os
 import threading
 import warnings
+import weakref
+
 from .config import settings
 
 log = logging.getLogger("asp_gmm")
+
+#: runtimes that made a thread pool, reset in a forked child (see :func:`_pools_made`)
+_WITH_POOLS: "weakref.WeakSet" = weakref.WeakSet()
+_fork_hook = []  # [True] once the fork hook is registered
+
+
+def _pools_made(rt) -> None:
+    """Note that ``rt`` holds thread pools: a forked child starts without them (and with a new lock,
+    which another thread may have held at the fork)."""
+    _WITH_POOLS.add(rt)
+    if not _fork_hook and hasattr(os, "register_at_fork"):
+        _fork_hook.append(True)
+        os.register_at_fork(after_in_child=_reset_pools_in_child)
+
+
+def _reset_pools_in_child() -> None:  # (run in a forked child only)
+    for rt in list(_WITH_POOLS):
+        rt.lock = threading.RLock()
+        rt._pool = rt._compile_pool = rt._host_pool = None
+        rt.host_workers = 0
 
 
 class ExploreCosts:
@@ -114,6 +138,7 @@ class Runtime:
                     if register is not None:  # runs before the executor's own exit hook joins its threads
                         register(lambda: pool.shutdown(wait=False, cancel_futures=True))
                     self._pool = pool
+                    _pools_made(self)
         return self._pool
 
     def host_pool(self):
@@ -128,6 +153,7 @@ class Runtime:
                     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
                     self.host_workers = max(1, min(n, 8))
                     self._host_pool = ThreadPoolExecutor(self.host_workers, thread_name_prefix="asp_gmm-host")
+                    _pools_made(self)
         return self._host_pool
 
     def compile_pool(self):
@@ -140,6 +166,7 @@ class Runtime:
 
                     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
                     self._compile_pool = ThreadPoolExecutor(max_workers=max(2, n), thread_name_prefix="asp_gmm-compile")
+                    _pools_made(self)
         return self._compile_pool
 
     # ------------------------------------------------------------------ selection

@@ -6,6 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
@@ -110,3 +113,31 @@ def test_the_registry_memo_lives_on_the_runtime(monkeypatch):
     stale = ("variants", "numpy", None)
     other.declarations_memo[stale] = ((), ("stale",))  # declarations since reloaded: recomputed
     assert registry.variants("numpy") == [v for v in registry.all_variants() if v.backend == "numpy"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_inherit_the_parents_thread_pools():
+    """The host threads' pool made in the parent (the seeding moments of a large array) has no
+    threads in a forked child; a pool that believes it has idle threads never runs what it is given,
+    so the child hung. The child gets pools of its own and the same moments."""
+    import multiprocessing
+
+    from asp_gmm.fit import seed
+
+    X = np.random.default_rng(4).standard_normal((300_000, 8)).astype(np.float32)
+    var, cov = seed.host_moments(X, "diag")  # the parent's pool is made and idle
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        q.put(seed.host_moments(X, "diag")[1].tolist())
+
+    p = ctx.Process(target=child)
+    p.start()
+    p.join(60)
+    if p.is_alive():
+        p.kill()
+        p.join()
+        pytest.fail("the forked child hung on the parent's thread pool")
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(np.array(q.get(timeout=10)), cov)
