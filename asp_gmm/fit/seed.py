@@ -14,7 +14,6 @@ zero is never picked, and the (co)variance is the weighted one.
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
@@ -210,22 +209,21 @@ def host_moments(X: np.ndarray, cvtype: str, sample_weight=None):
     rows = _block_rows(D)
     starts = range(0, N, rows)
 
-    pool, blas = None, True
-    if len(starts) >= 4 and (os.cpu_count() or 1) > 1:
+    rt = None
+    if len(starts) >= 4:
         from ..runtime import default_runtime
 
         rt = default_runtime()
-        pool = rt.host_pool()
-        blas = rt.host_workers <= BLAS_SUM_THREADS
+    blas = rt is None or rt.host_threads() <= BLAS_SUM_THREADS
 
     def one(a):
         return _block_sums(X[a : a + rows], shift, None if w is None else w[a : a + rows], full, blas)
 
-    if pool is not None:
+    if rt is not None:
         # one BLAS thread under each block thread (a threaded BLAS under every one of them made the
         # diarization example's feature threads 1.4-2.2x slower than one thread on a 16-core host)
         with one_blas_thread():
-            parts = list(pool.map(one, starts))
+            parts = rt.host_map(one, starts)
     else:
         parts = [one(a) for a in starts]
     q1, q2, s1, s2 = (np.array(parts[0][k]) for k in range(4))  # (copies: the blocks' sums may alias)
