@@ -25,6 +25,32 @@ from .errors import CacheError
 FOLDER = "templates"
 
 
+def _entry(folder: str, name: str):
+    """The path of the kept entry ``<cache folder>/<folder>/<name>``, checked under the binaries'
+    rules (:func:`asp_gmm.cache._require_safe`: an unsafe entry or folder raises), or ``None``
+    when nothing is stored there."""
+    try:
+        sub = cache_dir() / folder  # (the cache folder: created 0700 when missing, owner and mode checked)
+        path = sub / name
+        st = os.stat(path)
+    except (OSError, CacheError):
+        return None
+    _require_safe(sub, os.stat(sub))
+    _require_safe(path, st)
+    return path
+
+
+def _keep(folder: str, name: str, data) -> None:
+    """Store ``data`` as ``<cache folder>/<folder>/<name>`` atomically, with the cache folder's modes
+    (nothing is stored in a read-only cache)."""
+    with contextlib.suppress(OSError, CacheError):
+        root = cache_dir()
+        dmode, fmode = _modes(os.stat(root))
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(root / folder, dmode)
+        atomic_write(root / folder / name, data, fmode)
+
+
 def template_code_cache():
     """A :class:`jinja2.BytecodeCache` over ``<cache folder>/templates`` (jinja2 is imported here:
     only a process that renders needs it). The cache folder is looked up on every load and store,
@@ -32,19 +58,10 @@ def template_code_cache():
     import jinja2
 
     class TemplateCodeCache(jinja2.BytecodeCache):
-        def _folder(self):
-            root = cache_dir()  # (created 0700 when missing; its owner and mode checked)
-            return root, root / FOLDER
-
         def load_bytecode(self, bucket) -> None:
-            try:
-                _root, folder = self._folder()
-                path = folder / f"{bucket.key}.jbc"
-                st = os.stat(path)
-            except (OSError, CacheError):
+            path = _entry(FOLDER, f"{bucket.key}.jbc")
+            if path is None:
                 return  # nothing stored: compiled and stored below
-            _require_safe(folder, os.stat(folder))
-            _require_safe(path, st)
             try:
                 with open(path, "rb") as f:
                     bucket.load_bytecode(f)  # (a stale checksum or Python version leaves it empty)
@@ -52,12 +69,7 @@ def template_code_cache():
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:
-            with contextlib.suppress(OSError, CacheError):
-                root, folder = self._folder()
-                dmode, fmode = _modes(os.stat(root))
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(folder, dmode)
-                atomic_write(folder / f"{bucket.key}.jbc", bucket.bytecode_to_string(), fmode)
+            _keep(FOLDER, f"{bucket.key}.jbc", bucket.bytecode_to_string())
 
     return TemplateCodeCache()
 
@@ -91,14 +103,9 @@ def load_source(key: str) -> str | None:
     (60 ms of a warm diarization run's start on two cores). An entry is read under the binaries'
     rules (owner and modes checked, an unsafe one raises); its first line is the sha256 of the rest,
     and one that does not match (a torn or altered file) is ignored and rendered again."""
-    try:
-        folder = cache_dir() / SOURCES
-        path = folder / f"{key}.src"
-        st = os.stat(path)
-    except (OSError, CacheError):
+    path = _entry(SOURCES, f"{key}.src")
+    if path is None:
         return None
-    _require_safe(folder, os.stat(folder))
-    _require_safe(path, st)
     try:
         with open(path, encoding="utf-8") as f:
             head, text = f.readline().rstrip("\n"), f.read()
@@ -109,10 +116,4 @@ def load_source(key: str) -> str | None:
 
 def store_source(key: str, text: str) -> None:
     """Keep ``text`` for :func:`load_source` (atomically; nothing is stored in a read-only cache)."""
-    with contextlib.suppress(OSError, CacheError):
-        root = cache_dir()
-        dmode, fmode = _modes(os.stat(root))
-        folder = root / SOURCES
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(folder, dmode)
-        atomic_write(folder / f"{key}.src", hashlib.sha256(text.encode()).hexdigest() + "\n" + text, fmode)
+    _keep(SOURCES, f"{key}.src", hashlib.sha256(text.encode()).hexdigest() + "\n" + text)
