@@ -59,6 +59,7 @@ class Exploration:
         # the largest per-run cost besides the timed iteration (from the class's last exploration)
         self.overhead = sp._costs.overhead.get(selection.problem_class(problem), 0.0)
         self.runs, self.skipped, self.measured = 0, [], set()
+        self.failed = 0  # configurations that failed at run time in this call (recorded: the plan changes)
 
     def _open(self):
         t = time.perf_counter()
@@ -137,6 +138,7 @@ class Exploration:
             except KernelError as exc:
                 sel.record(backend, self.problem, cfg, "launch-failed")
                 log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
+                self.failed += 1
                 continue
             wall = time.perf_counter() - t
             timed = sum(r.iter_seconds[0] for r in runs)
@@ -160,6 +162,7 @@ class Exploration:
             self.session.close()
         if self.runs:
             self.sp._costs.overhead[selection.problem_class(self.problem)] = self.overhead
+            self.sp._costs.sample_fixed = self.copy + self.overhead
         elif self.skipped and self.session is None and self.sp._costs.copy_rate:
             # nothing fitted with the sample's predicted copy: halve that prediction, so that one
             # costly copy (a process's first session: 38 ms against 3 ms after) cannot stop the
@@ -186,4 +189,164 @@ class Exploration:
         )
         if a["skipped"]:
             line += f"; left for later calls (would overshoot): {', '.join(a['skipped'])}"
+        return line
+
+
+def in_place_cheaper(sp, problem, plan) -> bool:
+    """Whether a problem large enough to explore on a sample explores in place instead (each
+    explored configuration runs one of the call's own iterations, within the allowance:
+    :class:`InPlace`): when one of the class's EM iterations costs less than a sampled
+    exploration's fixed part (its session, upload, launches and read-backs: measured by the last
+    sampled exploration, else the backend's
+    :attr:`~asp_gmm.backends.base.Backend.sample_fixed_prior`), or, on a backend with such a
+    cost, when nothing is known of the class yet (the call's first iteration then prices the
+    others). At (150 000, 19, 16) diag on an H200 a sampled exploration cost 4-6 ms of a 7.5 ms
+    call, while an explored iteration of a variant within 10 % of the best costs under 0.1 ms more
+    than the call's own."""
+    fixed = sp._costs.sample_fixed
+    if fixed is None:
+        fixed = getattr(sp.backend, "sample_fixed_prior", 0.0)
+    if not fixed:
+        return False
+    per_iter = sp._costs.call_seconds.get(selection.problem_class(problem))
+    if per_iter is None and plan.fastest:
+        per_iter = plan.fastest * problem.N
+    return per_iter is None or per_iter < fixed
+
+
+class InPlace:
+    """Exploring in place, charged against the policy's allowance.
+
+    The call's first iteration runs the planned configuration and is timed by the wall clock
+    (``t``) and by the backend (``k``, the kernels alone); the allowance is :data:`EXPLORE_FRACTION` of ``max_iters`` such iterations plus
+    what earlier calls of the class left unspent (at most :data:`BANK_CALLS` times as much, less
+    what exploring in place has already cost the class in this process). Each configuration to
+    explore then runs one iteration of the call (two where the backend's first launch costs more,
+    the faster recorded) when its predicted extra cost fits what is left: ``(ratio - 1) * k`` per
+    iteration (the plan's predicted ratio, else its unknown ratio, the backend's
+    :attr:`~asp_gmm.backends.base.Backend.unknown_ratio_prior` or the widest measured in the call,
+    whichever is widest) plus its kernel's look-up (the slowest seen in the class) or load when it is not loaded
+    yet (the last load measured, else the backend's prior). What it costs is the wall clock of its iterations less ``t`` each.
+
+    Parameters
+    ----------
+    sp : Specializer
+    problem : Problem
+    plan : Plan
+    max_iters : int
+    step : callable
+        ``step(config, kernel, record) -> run``: one iteration of the call's EM on ``config``
+        (its timing recorded by the caller when ``record`` is true; this class records the
+        faster of an explored configuration's runs itself).
+    """
+
+    def __init__(self, sp, problem, plan, max_iters, step):
+        self.sp, self.problem, self.plan, self.max_iters, self.step = sp, problem, plan, max_iters, step
+        self.spent, self.allowance, self.runs, self.skipped, self.done = 0.0, 0.0, 0, [], []
+        self.t_iter = self.t_kernel = None
+
+    def hopeless(self) -> bool:
+        """True when the class's last timings show that nothing to explore could fit this call's
+        allowance (the call then runs whole, not split around a first iteration)."""
+        sp, problem, plan = self.sp, self.problem, self.plan
+        ck = selection.problem_class(problem)
+        t_iter = sp._costs.call_seconds.get(ck)
+        if t_iter is None or not plan.fastest:
+            return False
+        t_kernel = plan.fastest * problem.N
+        base = sp.policy.explore_allowance(problem, self.max_iters, 0.0, t_iter)
+        banked = max(plan.banked - sp._costs.in_place_spent.get(ck, 0.0), 0.0)
+        allowance = base + min(banked, BANK_CALLS * base)
+        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(sp.backend, "unknown_ratio_prior", 0.0))
+        runs_each = 2 if getattr(sp.backend, "first_launch_costs_more", False) else 1
+        cheapest = min(max(plan.predicted.get(c, unknown) - 1.0, 0.0) for c in plan.explore)
+        if runs_each * cheapest * t_kernel > allowance:
+            self.allowance = allowance
+            self.skipped = [c.label for c in plan.explore]
+            return True
+        return False
+
+    def first(self, kernel) -> None:
+        """The call's first iteration, on the planned configuration: times what an iteration costs."""
+        t = time.perf_counter()
+        run = self.step(self.plan.primary, kernel, False)
+        self.t_iter = time.perf_counter() - t
+        self.t_kernel = run.iter_seconds[0] or self.t_iter
+        ck = selection.problem_class(self.problem)
+        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, self.t_iter)
+        banked = max(self.plan.banked - self.sp._costs.in_place_spent.get(ck, 0.0), 0.0)
+        self.allowance = base + min(banked, BANK_CALLS * base)
+
+    def explore(self, iters_left) -> list:
+        """Explore what fits while at least one iteration is left for the best; returns the labels
+        explored."""
+        sp, backend, problem, plan = self.sp, self.sp.backend, self.problem, self.plan
+        runs_each = 2 if getattr(backend, "first_launch_costs_more", False) else 1
+        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(backend, "unknown_ratio_prior", 0.0))
+        ck = selection.problem_class(problem)
+        for cfg in plan.explore:
+            if iters_left() < runs_each + 1:
+                break
+            ratio = plan.predicted.get(cfg, unknown)
+            loaded = backend.is_loaded(cfg.variant, cfg.params, problem)
+            load = sp._costs.lookup.get(ck, 0.0)
+            if not loaded:
+                load = sp._costs.load_seconds
+                if load is None:
+                    load = getattr(backend, "load_seconds_prior", 0.0)
+            predicted = runs_each * max(ratio - 1.0, 0.0) * self.t_kernel + load
+            log.debug(
+                "in place %s: ratio %.3g, load %.3g s, predicted %.3g s; %.3g of %.3g s spent",
+                cfg.label,
+                ratio,
+                load,
+                predicted,
+                self.spent,
+                self.allowance,
+            )
+            if self.spent + predicted > self.allowance:
+                self.skipped.append(cfg.label)
+                continue
+            t = time.perf_counter()
+            kernel = sp._kernel(cfg, problem, sp.policy)
+            if kernel is None:
+                continue
+            if loaded:
+                sp._costs.lookup[ck] = max(sp._costs.lookup.get(ck, 0.0), time.perf_counter() - t)
+            else:
+                sp._costs.load_seconds = time.perf_counter() - t
+            runs = []
+            try:
+                for _ in range(runs_each):
+                    runs.append(self.step(cfg, kernel, False))
+            except KernelError as exc:
+                sp.policy.record(backend, problem, cfg, "launch-failed")
+                log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
+                self.spent += max(time.perf_counter() - t - len(runs) * self.t_iter, 0.0)
+                continue
+            self.spent += max(time.perf_counter() - t - runs_each * self.t_iter, 0.0)
+            best = min(runs, key=lambda r: r.iter_seconds[0])
+            if selection.autotune_enabled():
+                sp.policy.record(backend, problem, cfg, "ok", best.iter_seconds[0], best.cov_seconds[0], 1)
+            worst = best.iter_seconds[0] / max(self.t_kernel, 1e-12)
+            unknown = max(unknown, worst)
+            self.runs += 1
+            self.done.append(cfg.label)
+        sp._costs.in_place_spent[ck] = sp._costs.in_place_spent.get(ck, 0.0) + self.spent
+        return self.done
+
+    def account(self) -> dict:
+        return {
+            "spent": self.spent,
+            "allowance": self.allowance,
+            "copy": 0.0,
+            "runs": self.runs,
+            "skipped": list(self.skipped),
+            "sample": self.problem.N,
+        }
+
+    def summary(self) -> str:
+        line = f"explored {self.runs} in place: {1e3 * self.spent:.3g} ms of a {1e3 * self.allowance:.3g} ms allowance"
+        if self.skipped:
+            line += f"; left for later calls (would overshoot): {', '.join(self.skipped)}"
         return line

@@ -58,14 +58,23 @@ class ExploreCosts:
     ``copy_rate`` (seconds per byte of the last sample's copy and session; None before one) and
     ``call_seconds`` (problem class -> wall seconds per EM iteration of the specializer's part of
     its last call, exploring left out: the data's upload, the session and the launches included,
-    the Face's checks and seeding not)."""
+    the Face's checks and seeding not), ``sample_fixed`` (seconds of the last sampled
+    exploration's fixed part: its copy, session and per-run overhead; None before one),
+    ``load_seconds`` (the last measured first load of a kernel by an exploring call; None before
+    one), ``lookup`` (problem class -> the slowest look-up of a loaded kernel by an exploring
+    call in place) and ``in_place_spent`` (problem class -> seconds that exploring in place cost
+    beyond the call's own iterations in this process: debited from the class's banked allowance)."""
 
-    __slots__ = ("overhead", "copy_rate", "call_seconds")
+    __slots__ = ("overhead", "copy_rate", "call_seconds", "sample_fixed", "load_seconds", "lookup", "in_place_spent")
 
     def __init__(self):
         self.overhead: dict = {}
         self.copy_rate: float | None = None
         self.call_seconds: dict = {}
+        self.sample_fixed: float | None = None
+        self.load_seconds: float | None = None
+        self.lookup: dict = {}
+        self.in_place_spent: dict = {}
 
 
 class Runtime:
@@ -117,6 +126,20 @@ class Runtime:
         #: shared by every specializer of the backend (a GMM per call: each made its own and
         #: predicted every call's first run and sample copy as free)
         self._explore_costs: dict = {}
+        #: backend -> {(selection key, pinned variant): (the declarations, candidates)}: the
+        #: specializers' memo of which configurations may run a problem, shared by every
+        #: specializer of the backend (a GMM per call made its own and walked every variant's
+        #: tunables on each call)
+        self._candidates: dict = {}
+
+    def candidates_memo(self, backend) -> dict:
+        """The memo of the candidates of ``backend``'s problems in this process (made on first use;
+        see :meth:`asp_gmm.specializer.Specializer.candidates`)."""
+        got = self._candidates.get(backend)
+        if got is None:
+            with self.lock:
+                got = self._candidates.setdefault(backend, {})
+        return got
 
     def explore_costs(self, backend) -> "ExploreCosts":
         """The :class:`ExploreCosts` of ``backend`` in this process (made on first use)."""

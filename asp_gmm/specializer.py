@@ -10,6 +10,7 @@ It never validates user input (the Face does) and never touches the tuning histo
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import statistics
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import selection
+from . import registry, selection
 from .fit import passes, sources
 from .fit.result import TrainResult
 from .backends import get_backend
@@ -27,7 +28,7 @@ from .runtime import default_runtime
 from .reference import change_per_event
 from .reference import converged as converged_rule
 from .selection import Config
-from .explore import BANK_CALLS, Exploration
+from .explore import BANK_CALLS, Exploration, InPlace, in_place_cheaper
 
 __all__ = ["BANK_CALLS", "SAMPLE_ROUNDS", "Specializer"]
 
@@ -70,9 +71,9 @@ class Specializer:
             if policy._selector is not None:
                 policy._selector.bind(self.runtime)
         self.policy = policy
-        self._candidates: dict = {}
-        #: the last call's sampled exploration: {"spent", "allowance", "copy", "runs", "skipped"}
-        #: (seconds; None when the call explored in place or not at all)
+        self._candidates = self.runtime.candidates_memo(self.backend)
+        #: the last call's exploration: {"spent", "allowance", "copy", "runs", "skipped", "sample"}
+        #: (seconds; ``sample`` is N when it explored in place; None when it explored nothing)
         self.last_exploration = None
         #: what the backend's sampled explorations cost in this process (the per-run overhead per
         #: class, the sample copy's rate, the calls' own time per iteration), shared with the
@@ -98,11 +99,13 @@ class Specializer:
         shapes with ever-new N). ``weighted``: only the variants that take sample weights
         (:attr:`asp_gmm.variant.Variant.takes_weights`; may be empty)."""
         key = (self.backend.selection_key(problem), variant)
-        hit = self._candidates.get(key)
-        if hit is None:
+        decl = registry.all_variants()  # reloaded declarations (a new variant) invalidate the memo
+        got = self._candidates.get(key)
+        if got is None or got[0] is not decl:
             if len(self._candidates) > 4096:
                 self._candidates.clear()
-            hit = self._candidates[key] = self._find_candidates(problem, variant)
+            got = self._candidates[key] = (decl, self._find_candidates(problem, variant))
+        hit = got[1]
         if weighted:
             return [c for c in hit if c.variant.takes_weights]
         return list(hit)
@@ -121,8 +124,6 @@ class Specializer:
 
     def _find_candidates(self, problem: Problem, variant: str | None) -> list:
         if variant is not None:
-            from . import registry
-
             try:
                 v = registry.get(self.backend.name, variant, "covariance")
             except KeyError as exc:
@@ -201,6 +202,11 @@ class Specializer:
         explore = list(plan.explore)
         ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
         sample = sel.sample_size(problem, len(explore), max_iters) if explore else problem.N
+        # a problem large enough for a sample whose iteration still costs less than a sample's
+        # session explores in place, within the allowance (small problems: in place, every candidate)
+        gated = sample < problem.N and in_place_cheaper(self, problem, plan)
+        if gated:
+            sample = problem.N
         note = ""
         if sample < problem.N:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
@@ -211,6 +217,8 @@ class Specializer:
                 for _ in range(SAMPLE_ROUNDS):  # the variants, then the tunable search while the budget lasts
                     done, stopped = ex.round(plan, weights, means, covars, reg_covar)
                     sampled += done
+                    if not done and not ex.failed:
+                        break  # nothing measured, nothing failed: the plan stands (planning again cost 0.2 ms)
                     plan = sel.choose(backend, problem, self.candidates(problem, variant, weighed), tuning=tuning)
                     if stopped or not done or not plan.explore:
                         break
@@ -248,26 +256,46 @@ class Specializer:
                     None,
                 )
 
-            def one_iteration(cfg, kernel, record_as_explored):
+            def one_iteration(cfg, kernel, record=True):
                 nonlocal iters, converged, used
                 before = session.loglik()
                 run = session.em(kernel, min_iters=1, max_iters=1, tol=0.0, reg_covar=reg_covar)
                 iters += 1
                 trace.extend(run.loglik_trace[1 if trace else 0 :])
-                if record_as_explored:
-                    explored.append(cfg.label)
                 used = cfg
-                if tuning:
+                if tuning and record:
                     sel.record(backend, problem, cfg, "ok", run.iter_seconds[0], run.cov_seconds[0], 1)
                 converged = converged_rule(iters, min_iters, change_per_event(run.loglik, before, N), tol)
+                return run
 
+            if gated and explore and pending is None and max_iters >= 2:
+                # explore in place: the call's first iteration (the planned configuration) prices
+                # the others, which run the call's next iterations while they fit the allowance
+                in_place = InPlace(self, problem, plan, max_iters, one_iteration)
+                kernel = None if in_place.hopeless() else self._kernel(plan.primary, problem, sel)
+                if kernel is None:
+                    self.last_exploration = in_place.account()
+                    note = in_place.summary()
+                else:
+                    in_place.first(kernel)
+                    explored += in_place.explore(lambda: 0 if converged else max_iters - iters)
+                    if in_place.done:  # the best configuration now known runs the rest
+                        best = sel.choose(
+                            backend, problem, self.candidates(problem, variant, weighed), tuning=False
+                        ).primary
+                        if ready(best):
+                            plan = dataclasses.replace(plan, primary=best)
+                    self.last_exploration = in_place.account()
+                    note = in_place.summary()
+                explore = []
             while explore and iters < max_iters and not converged:
                 cfg = explore.pop(0)
                 kernel = self._kernel(cfg, problem, sel)
                 if kernel is None:
                     continue
                 try:
-                    one_iteration(cfg, kernel, True)
+                    one_iteration(cfg, kernel)
+                    explored.append(cfg.label)
                 except KernelError as exc:
                     sel.record(backend, problem, cfg, "launch-failed")
                     log.warning("asp_gmm: variant %s failed at run time (%s); not retried", cfg.label, exc)
@@ -276,7 +304,7 @@ class Specializer:
                 kernel = self._kernel(stand_in, problem, sel)
                 while kernel is not None and not pending[1].done() and iters < max_iters and not converged:
                     try:
-                        one_iteration(stand_in, kernel, False)
+                        one_iteration(stand_in, kernel)
                     except KernelError as exc:
                         sel.record(backend, problem, stand_in, "launch-failed")
                         log.warning("asp_gmm: variant %s failed at run time (%s)", stand_in.label, exc)

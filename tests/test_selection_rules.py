@@ -288,6 +288,58 @@ def test_small_n_explores_in_place(tmp_path, monkeypatch, rng):
     assert Policy().sample_size(p, 4, 10) == 5000
 
 
+class _CostlySampleBackend(FakeBackend):
+    """A backend whose sampled exploration has a fixed cost far above one EM iteration (a GPU's
+    session over the sample: 4-6 ms against a 0.75 ms iteration at (150 000, 19, 16) diag)."""
+
+    sample_fixed_prior = 10.0
+
+    def open(self, X, problem):
+        self.opened = getattr(self, "opened", []) + [problem.N]
+        return super().open(X, problem)
+
+
+def test_a_class_whose_iteration_costs_less_than_a_sample_explores_in_place_within_the_allowance(
+    tmp_path, monkeypatch, rng
+):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = _CostlySampleBackend(costs={"V1": 2e-9, "V2": 1.2e-9, "V3": 1.5e-9, "V4": 1e-9, "V5": 1.8e-9})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    assert sp.policy.sample_size(Problem(140000, 3, 2), 4, 10) < 140000  # large enough for a sample
+    explored = []
+    for _ in range(3):
+        res = _train(sp, X, 2, iters=10)
+        a = sp.last_exploration
+        if a is not None:
+            assert a["sample"] == 140000 and a["copy"] == 0.0 and a["spent"] <= a["allowance"], a
+        explored += res.explored
+    assert explored and len(explored) == len(set(explored))
+    assert be.opened == [140000] * 3  # no session over a sample
+    h.flush()
+    assert not any(r.sampled_from for r in h.rows())  # every timing is of the whole data
+    # the same parameters as a run of one configuration (explored iterations are the call's own)
+    ref = _train(Specializer(FakeBackend(costs=be.costs), selection.RuleSelector()), X, 2)
+    np.testing.assert_allclose(res.means, ref.means, rtol=1e-10)
+    h.close()
+
+
+def test_in_place_a_configuration_predicted_to_overshoot_is_left_for_a_later_call(tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    monkeypatch.setattr(selection.plan, "UNKNOWN_RATIO", 1e9)  # nothing predicted fits any allowance
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = _CostlySampleBackend(costs={"V1": 2e-9, "V2": 1.2e-9, "V3": 1.5e-9, "V4": 1e-9, "V5": 1.8e-9})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    res = _train(sp, X, 2, iters=10)
+    a = sp.last_exploration
+    assert res.explored == [] and a["runs"] == 0 and a["spent"] == 0.0 and len(a["skipped"]) == 4, a
+    assert "left for later calls" in res.why
+    assert [n for n, _ in be.ran] == ["V4"] * len(be.ran)  # only the planned configuration ran
+    h.close()
+
+
 # ------------------------------------------------------------------ pruning
 def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")

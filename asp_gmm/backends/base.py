@@ -164,6 +164,18 @@ class Backend(abc.ABC):
     #: sampled exploration then runs each configuration twice and keeps the faster iteration: one
     #: run's time had V7 measured 3x too slow, and never chosen where it was the fastest.
     first_launch_costs_more: bool = False
+    #: What a configuration nothing predicts is assumed to cost relative to the class's fastest when
+    #: it would explore in place (:class:`asp_gmm.explore.InPlace`; ``Plan.unknown_ratio`` when that
+    #: is wider): in place, a ratio set too low overshoots by whole iterations of the data, where a
+    #: sampled run overshoots by a sample's.
+    unknown_ratio_prior: float = 0.0
+    #: Seconds a kernel's first load in a process is assumed to cost until one is measured (an
+    #: exploring call charges it to its allowance before loading an unloaded configuration).
+    load_seconds_prior: float = 0.0
+    #: Seconds a sampled exploration's fixed part (the sample's session and upload, the runs'
+    #: launches and read-backs) is assumed to cost until one is measured: a class whose EM
+    #: iteration costs less than that explores in place instead (:func:`asp_gmm.explore.in_place_cheaper`).
+    sample_fixed_prior: float = 0.0
     #: True when the compiled kernels take sample weights themselves (:meth:`open_weighted_stats`
     #: folds them into the posteriors on the device); a weighted fit then chooses among the
     #: covariance variants that declare it possible (:attr:`asp_gmm.registry.Variant.takes_weights`).
@@ -219,6 +231,11 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def kernel(self, variant: registry.Variant, tunables: dict | None, problem: Problem) -> Kernel:
         """Compile (or fetch from the cache) ``variant`` for ``problem``'s class."""
+
+    def is_loaded(self, variant: registry.Variant, tunables: dict | None, problem: Problem) -> bool:
+        """True when ``variant`` is loaded in this process for ``problem`` (running it costs no load;
+        :attr:`load_seconds_prior`). Backends whose loads are cheap answer True."""
+        return True
 
     def is_ready(self, variant: registry.Variant, tunables: dict | None, problem: Problem) -> bool:
         """Whether :meth:`kernel` would return without compiling (loaded, or in the disk cache)."""

@@ -112,6 +112,15 @@ class CudaBackend(Backend):
     name = "cuda"
     shape_specific_binaries = True
     first_launch_costs_more = True
+    #: the simple variants' iteration against V7's kernels at (150 000, 19, 16) diag, H200: V3 40-49x,
+    #: V2 ~10x (one EM iteration timed by CUDA events); a fresh history assumed 4x and explored V3
+    #: in place for 8 ms of a 0.8 ms allowance
+    unknown_ratio_prior = 40.0
+    #: a cached module's load (cuModuleLoad and its functions), H100/H200: ~15 ms
+    load_seconds_prior = 0.015
+    #: a sampled exploration's session over a 32 768-event sample, its upload and two runs of one
+    #: configuration, H200, (150 000, 19, 16) diag: 4-6 ms
+    sample_fixed_prior = 0.004
 
     def __init__(self, ordinal: int | None = None, policy=None):
         reason = self.unavailable_reason()
@@ -301,6 +310,12 @@ class CudaBackend(Backend):
     @_on_binary_problem
     def prepare_key(self, problem: Problem):
         return (problem.D, problem.M, problem.cvtype, problem.dtype)
+
+    @_on_binary_problem
+    def is_loaded(self, variant, tunables, problem: Problem) -> bool:
+        tun = variant.default_tunables()
+        tun.update(tunables or {})
+        return self._module_key(variant, tun, problem) in self._modules
 
     @_on_binary_problem
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
