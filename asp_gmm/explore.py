@@ -59,6 +59,7 @@ class Exploration:
         # the largest per-run cost besides the timed iteration (from the class's last exploration)
         self.overhead = sp._costs.overhead.get(selection.problem_class(problem), 0.0)
         self.runs, self.skipped, self.measured = 0, [], set()
+        self.least_overhead = math.inf  # ... and the smallest (a run whose kernel was loaded already)
         self.failed = 0  # configurations that failed at run time in this call (recorded: the plan changes)
 
     def _open(self):
@@ -146,6 +147,7 @@ class Exploration:
             it = run.iter_seconds[0]
             self.extra += max(timed - wall, 0.0)
             self.overhead = max(self.overhead, wall - timed)
+            self.least_overhead = min(self.least_overhead, wall - timed)
             self.fastest = it / spp.N if self.fastest is None else min(self.fastest, it / spp.N)
             self.slowest = max(self.slowest, it / spp.N)
             self.runs += 1
@@ -162,7 +164,9 @@ class Exploration:
             self.session.close()
         if self.runs:
             self.sp._costs.overhead[selection.problem_class(self.problem)] = self.overhead
-            self.sp._costs.sample_fixed = self.copy + self.overhead
+            # the fixed part: the session over the sample and a run's own overhead, a kernel's
+            # first load left out (a class exploring in place pays that too)
+            self.sp._costs.sample_fixed = self.copy + max(self.least_overhead, 0.0)
         elif self.skipped and self.session is None and self.sp._costs.copy_rate:
             # nothing fitted with the sample's predicted copy: halve that prediction, so that one
             # costly copy (a process's first session: 38 ms against 3 ms after) cannot stop the

@@ -204,7 +204,7 @@ class Specializer:
         sample = sel.sample_size(problem, len(explore), max_iters) if explore else problem.N
         # a problem large enough for a sample whose iteration still costs less than a sample's
         # session explores in place, within the allowance (small problems: in place, every candidate)
-        gated = sample < problem.N and in_place_cheaper(self, problem, plan)
+        gated = sample < problem.N and not plan.primary_in_background and in_place_cheaper(self, problem, plan)
         if gated:
             sample = problem.N
         note = ""
@@ -268,7 +268,7 @@ class Specializer:
                 converged = converged_rule(iters, min_iters, change_per_event(run.loglik, before, N), tol)
                 return run
 
-            if gated and explore and pending is None and max_iters >= 2:
+            if gated and explore and max_iters >= 2:
                 # explore in place: the call's first iteration (the planned configuration) prices
                 # the others, which run the call's next iterations while they fit the allowance
                 in_place = InPlace(self, problem, plan, max_iters, one_iteration)
