@@ -58,7 +58,13 @@ sampled timing already, each run one EM iteration on a sample of evenly spaced e
 class per event, scaled by the class's whole-data/sampled calibration; the specializer stops once
 :data:`EXPLORE_FRACTION` of the call's estimated time is spent (the rest is explored by later
 calls) and then runs every iteration of the call with the best configuration now known. Small
-problems explore in place as before (each explored iteration is one of the call's). Untried
+problems explore in place as before (each explored iteration is one of the call's). A problem
+large enough for a sample whose EM iteration costs less than a sampled exploration's fixed part
+(its session over the sample, upload and read-backs: measured, else the backend's
+``sample_fixed_prior``; on CUDA also a class with nothing measured yet) explores in place within
+the allowance (:class:`asp_gmm.explore.InPlace`): the call's first iteration prices the others,
+each runs one of the call's iterations when its predicted extra cost fits, and the best
+configuration then known runs the rest. Untried
 candidates that the prediction puts more than :data:`PRUNE_FACTOR` times slower than the best,
 on at least :data:`PRUNE_MIN_CLASSES` measured classes *of the problem's cvtype and dtype* (the
 classes the cost model of each configuration rests on), are pruned (``Plan.pruned``).
