@@ -222,15 +222,17 @@ class InPlace:
     """Exploring in place, charged against the policy's allowance.
 
     The call's first iteration runs the planned configuration and is timed by the wall clock
-    (``t``) and by the backend (``k``, the kernels alone); the allowance is :data:`EXPLORE_FRACTION` of ``max_iters`` such iterations plus
-    what earlier calls of the class left unspent (at most :data:`BANK_CALLS` times as much, less
-    what exploring in place has already cost the class in this process). Each configuration to
-    explore then runs one iteration of the call (two where the backend's first launch costs more,
-    the faster recorded) when its predicted extra cost fits what is left: ``(ratio - 1) * k`` per
-    iteration (the plan's predicted ratio, else its unknown ratio, the backend's
+    (``t``) and by the backend (``k``, the kernels alone); the allowance is
+    :data:`EXPLORE_FRACTION` of ``max_iters`` such iterations plus what earlier calls of the class
+    left unspent (at most :data:`BANK_CALLS` times as much, less what exploring in place has
+    already cost the class in this process). Each configuration to explore then runs one
+    iteration of the call (two where the backend's first launch costs more, the faster recorded)
+    when its predicted extra cost fits what is left: ``(ratio - 1) * k`` per iteration (the plan's
+    predicted ratio, else its unknown ratio, the backend's
     :attr:`~asp_gmm.backends.base.Backend.unknown_ratio_prior` or the widest measured in the call,
-    whichever is widest) plus its kernel's look-up (the slowest seen in the class) or load when it is not loaded
-    yet (the last load measured, else the backend's prior). What it costs is the wall clock of its iterations less ``t`` each.
+    whichever is widest) plus its kernel's look-up (the slowest seen in the class) or, not loaded
+    yet, its load (the last measured, else the backend's prior). What it costs is the wall clock
+    of its iterations less ``t`` each.
 
     Parameters
     ----------
@@ -258,10 +260,8 @@ class InPlace:
         if t_iter is None or not plan.fastest:
             return False
         t_kernel = plan.fastest * problem.N
-        base = sp.policy.explore_allowance(problem, self.max_iters, 0.0, t_iter)
-        banked = max(plan.banked - sp._costs.in_place_spent.get(ck, 0.0), 0.0)
-        allowance = base + min(banked, BANK_CALLS * base)
-        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(sp.backend, "unknown_ratio_prior", 0.0))
+        allowance = self._allowance(t_iter)
+        unknown = self._unknown()
         runs_each = 2 if getattr(sp.backend, "first_launch_costs_more", False) else 1
         cheapest = min(max(plan.predicted.get(c, unknown) - 1.0, 0.0) for c in plan.explore)
         if runs_each * cheapest * t_kernel > allowance:
@@ -276,17 +276,27 @@ class InPlace:
         run = self.step(self.plan.primary, kernel, False)
         self.t_iter = time.perf_counter() - t
         self.t_kernel = run.iter_seconds[0] or self.t_iter
+        self.allowance = self._allowance(self.t_iter)
+
+    def _allowance(self, t_iter: float) -> float:
+        """The call's allowance for iterations of ``t_iter`` seconds: its own share and what the
+        class left unspent, less what exploring in place has cost the class in this process."""
         ck = selection.problem_class(self.problem)
-        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, self.t_iter)
+        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, t_iter)
         banked = max(self.plan.banked - self.sp._costs.in_place_spent.get(ck, 0.0), 0.0)
-        self.allowance = base + min(banked, BANK_CALLS * base)
+        return base + min(banked, BANK_CALLS * base)
+
+    def _unknown(self) -> float:
+        """The ratio charged to a configuration nothing predicts (the plan's, or the backend's prior)."""
+        prior = getattr(self.sp.backend, "unknown_ratio_prior", 0.0)
+        return max(self.plan.unknown_ratio or selection.UNKNOWN_RATIO, prior)
 
     def explore(self, iters_left) -> list:
         """Explore what fits while at least one iteration is left for the best; returns the labels
         explored."""
         sp, backend, problem, plan = self.sp, self.sp.backend, self.problem, self.plan
         runs_each = 2 if getattr(backend, "first_launch_costs_more", False) else 1
-        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(backend, "unknown_ratio_prior", 0.0))
+        unknown = self._unknown()
         ck = selection.problem_class(problem)
         for cfg in plan.explore:
             if iters_left() < runs_each + 1:
