@@ -87,3 +87,20 @@ def test_upload_module_is_one_per_dimension(M):
     assert be.cores == [(20, 1, "diag", "float32")]
     p = cb.upload_problem(316_000, 20)
     assert isinstance(p, Problem) and (p.N, p.D, p.M, p.cvtype, p.dtype) == (316_000, 20, 1, "diag", "float32")
+
+
+def test_a_class_found_in_the_compile_cache_is_remembered(monkeypatch):
+    """is_ready looks a configuration's binary up in the compile cache once (a found entry stays:
+    entries are only ever added or rebuilt); one not found is asked again on the next call (another
+    process may have compiled it)."""
+    support = cb.CudaBatchSupport(_Backend())
+    gb = registry.get("cuda", "GB", "batch")
+    bp = BatchProblem(10_000, 20, 8, "diag", "float32", B=4)
+    tun = support.tunables_for(gb, bp)
+    asked, cached = [], {"now": False}
+    monkeypatch.setattr(cb, "is_cached", lambda src, arch, name: asked.append(name) or cached["now"])
+    assert not support.is_ready(gb, tun, bp) and not support.is_ready(gb, tun, bp)
+    assert len(asked) == 2  # not cached: asked each time
+    cached["now"] = True
+    assert support.is_ready(gb, tun, bp) and support.is_ready(gb, tun, bp) and support.is_ready(gb, tun, bp)
+    assert len(asked) == 3  # found once, then remembered
