@@ -713,3 +713,24 @@ def test_a_second_sampled_run_that_would_overshoot_the_allowance_is_not_made(tmp
     c = _train(sp, X, 2, iters=10)
     assert any(label.startswith("V1") for label in c.explored), c.explored
     assert [n for n, k in be.ran if k == 1].count("V1") == (1 if slow > 4 else 2)
+
+
+def test_specializers_of_one_backend_share_the_candidates_memo(monkeypatch):
+    """A GMM per call makes a specializer per call: the candidates of a problem are found once per
+    backend and process, and found again when the declared variants are reloaded."""
+    from asp_gmm import registry
+    from asp_gmm.runtime import Runtime
+
+    rt = Runtime()
+    be = FakeBackend()
+    found = []
+    real = Specializer._find_candidates
+    monkeypatch.setattr(Specializer, "_find_candidates", lambda self, p, v: found.append(p) or real(self, p, v))
+    p = Problem(5000, 3, 2)
+    a, b = Specializer(be, runtime=rt), Specializer(be, runtime=rt)
+    assert a.candidates(p) == b.candidates(p) and len(found) == 1
+    assert Specializer(FakeBackend(), runtime=rt).candidates(p) and len(found) == 2  # another backend
+    reloaded = tuple(list(registry.all_variants()))  # the same declarations, read again: a new tuple
+    monkeypatch.setattr(registry, "all_variants", lambda: reloaded)
+    b.candidates(p)
+    assert len(found) == 3
