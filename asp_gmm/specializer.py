@@ -287,7 +287,8 @@ class Specializer:
                             plan = dataclasses.replace(plan, primary=best)
                     self.last_exploration = in_place.account()
                     note = in_place.summary()
-                explore = []
+            if gated:
+                explore = []  # (a one-iteration call of such a class explores nothing)
             while explore and iters < max_iters and not converged:
                 cfg = explore.pop(0)
                 kernel = self._kernel(cfg, problem, sel)

@@ -734,3 +734,15 @@ def test_specializers_of_one_backend_share_the_candidates_memo(monkeypatch):
     monkeypatch.setattr(registry, "all_variants", lambda: reloaded)
     b.candidates(p)
     assert len(found) == 3
+
+
+def test_a_one_iteration_call_of_a_class_exploring_in_place_explores_nothing(tmp_path, monkeypatch, rng):
+    """Its only iteration is the planned configuration's (an unpriced configuration could cost
+    UNKNOWN_RATIO times the call or more)."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = _CostlySampleBackend(costs={"V1": 2e-9, "V2": 1.2e-9, "V3": 1.5e-9, "V4": 1e-9, "V5": 1.8e-9})
+    sp = Specializer(be, HistorySelector(h))
+    res = _train(sp, make_blobs(rng, 140000, 3, 2), 2, iters=1)
+    assert res.explored == [] and [n for n, _ in be.ran] == ["V4"] and be.opened == [140000]
+    h.close()
