@@ -23,6 +23,12 @@ log = logging.getLogger("asp_gmm")
 BANK_CALLS = 3
 
 
+def _runs_each(backend) -> int:
+    """Runs of each explored configuration: two on a backend whose first launch of a configuration
+    costs more (the faster kept), else one."""
+    return 2 if getattr(backend, "first_launch_costs_more", False) else 1
+
+
 class Exploration:
     """The sampled exploration of one call, charged against the policy's allowance.
 
@@ -102,8 +108,7 @@ class Exploration:
         # the primary runs first unless sampled before (ratio 1: it measures what a sampled
         # iteration costs, which every later prediction scales)
         first = [] if plan.primary_sampled or plan.primary in self.measured else [plan.primary]
-        # a backend whose first launch of a configuration costs more: each runs twice, the faster kept
-        runs_each = 2 if getattr(backend, "first_launch_costs_more", False) else 1
+        runs_each = _runs_each(backend)
         for cfg in first + [c for c in plan.explore if c != plan.primary and c not in self.measured]:
             allowance = self.allowance()
             # per-event time on a sample: measured in this call, else on samples before (a sample's
@@ -262,7 +267,7 @@ class InPlace:
         t_kernel = plan.fastest * problem.N
         allowance = self._allowance(t_iter)
         unknown = self._unknown()
-        runs_each = 2 if getattr(sp.backend, "first_launch_costs_more", False) else 1
+        runs_each = _runs_each(sp.backend)
         cheapest = min(max(plan.predicted.get(c, unknown) - 1.0, 0.0) for c in plan.explore)
         if runs_each * cheapest * t_kernel > allowance:
             self.allowance = allowance
@@ -295,7 +300,7 @@ class InPlace:
         """Explore what fits while at least one iteration is left for the best; returns the labels
         explored."""
         sp, backend, problem, plan = self.sp, self.sp.backend, self.problem, self.plan
-        runs_each = 2 if getattr(backend, "first_launch_costs_more", False) else 1
+        runs_each = _runs_each(backend)
         unknown = self._unknown()
         ck = selection.problem_class(problem)
         for cfg in plan.explore:
@@ -340,8 +345,7 @@ class InPlace:
                 continue
             self.spent += max(time.perf_counter() - t - runs_each * self.t_iter, 0.0)
             best = min(runs, key=lambda r: r.iter_seconds[0])
-            if selection.autotune_enabled():
-                sp.policy.record(backend, problem, cfg, "ok", best.iter_seconds[0], best.cov_seconds[0], 1)
+            sp.policy.record(backend, problem, cfg, "ok", best.iter_seconds[0], best.cov_seconds[0], 1)
             worst = best.iter_seconds[0] / max(self.t_kernel, 1e-12)
             unknown = max(unknown, worst)
             self.runs += 1

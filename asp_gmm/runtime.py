@@ -132,22 +132,21 @@ class Runtime:
         #: tunables on each call)
         self._candidates: dict = {}
 
+    def _per_backend(self, store: dict, backend, make):
+        got = store.get(backend)
+        if got is None:
+            with self.lock:
+                got = store.setdefault(backend, make())
+        return got
+
     def candidates_memo(self, backend) -> dict:
         """The memo of the candidates of ``backend``'s problems in this process (made on first use;
         see :meth:`asp_gmm.specializer.Specializer.candidates`)."""
-        got = self._candidates.get(backend)
-        if got is None:
-            with self.lock:
-                got = self._candidates.setdefault(backend, {})
-        return got
+        return self._per_backend(self._candidates, backend, dict)
 
     def explore_costs(self, backend) -> "ExploreCosts":
         """The :class:`ExploreCosts` of ``backend`` in this process (made on first use)."""
-        got = self._explore_costs.get(backend)
-        if got is None:
-            with self.lock:
-                got = self._explore_costs.setdefault(backend, ExploreCosts())
-        return got
+        return self._per_backend(self._explore_costs, backend, ExploreCosts)
 
     # ------------------------------------------------------------------ background compiles
     def background_pool(self):
