@@ -62,8 +62,12 @@ V9 = registry.get("cuda", "V9", "covariance")
 #: tunables that switch a variant to another code path, compiled at every class the variant allows too:
 #: V7's CUDA-core M phase and one component tile a warp; every tmax of V8's manifest (its tile plan: tmax
 #: sets TW, the warps a component's tiles are cut into, each a case of the kernel's switch; tmax values
-#: that cut a class's tiles alike render the same source and are compiled once)
-PATHS = {"V7": [{"mtc": 0}, {"tc_wm": 1}], "V8": [{"tmax": t} for t in V8.tunables["tmax"]]}
+#: that cut a class's tiles alike render the same source and are compiled once); V9's other E-step GEMM
+PATHS = {
+    "V7": [{"mtc": 0}, {"tc_wm": 1}],
+    "V8": [{"tmax": t} for t in V8.tunables["tmax"]],
+    "V9": [{"wg": 0, "ws": 0}, {"ws": 0}],  # the mma.sync E-step and sums (the defaults, wgmma, need sm_90a)
+}
 #: problem classes of one variant only (beyond CLASSES): V9 with several 128-component E-step tiles at its
 #: limit (MPAD = 8192: the guarded-component list fills most of asp_v9_efix's static shared memory),
 #: and at a D whose tile of events does not fit at be = 128 (be = 32: two mma tiles an event warp, the
@@ -255,3 +259,31 @@ def test_component_classes_pad_at_most_a_quarter():
     assert cu.binary_problem(small) == Problem(50_000, 19, 40, "diag", "float32")
     big = Problem(1_000_000, 64, 127, "full", "float32")  # worth a binary of its own
     assert cu.binary_problem(big) is big
+
+
+def test_wgmma_source_takes_the_arch_specific_target():
+    """A source using wgmma (V9 with wg = 1) is compiled for sm_90a by either compiler (a plain sm_90
+    target rejects wgmma); the others keep the device's architecture."""
+    p = Problem(1000, 36, 300, "diag", "float32")
+    wg = cu.render_source(V9, dict(V9.default_tunables(), wg=1), p)
+    plain = cu.render_source(V9, dict(V9.default_tunables(), wg=0, ws=0), p)
+    assert nvrtc.target_arch(wg, "sm_90") == "sm_90a" and nvrtc.target_arch(plain, "sm_90") == "sm_90"
+    assert nvrtc.target_arch(wg, "sm_90a") == "sm_90a"
+    if HAVE_NVCC:
+        path = cu.cubin_path_nvcc(wg, "sm_90", cu.binary_name(V9, dict(V9.default_tunables(), wg=1), p))
+        assert os.path.getsize(path) > 0
+
+
+def test_wgmma_limits_are_data():
+    """wg = 1 and ws = 1 need compute capability 9.0 (wg whole 64-event warpgroups too): elsewhere the
+    limits say so and the first allowed tunables keep the mma.sync E-step and sums."""
+    p = Problem(1000, 36, 300, "diag", "float32")
+    ctx90, ctx80 = dict(cu._DEFAULT_LIMITS), dict(cu._DEFAULT_LIMITS, cc=80)
+    assert V9.allows(p, dict(V9.default_tunables(), wg=1), extra=ctx90)
+    reason = V9.check(p, dict(V9.default_tunables(), wg=1), extra=ctx80)
+    assert reason is not None and "sm_90a" in reason
+    assert not V9.allows(p, dict(V9.default_tunables(), wg=1, be=32), extra=ctx90)
+    first = V9.first_allowed(p, extra=ctx80)
+    assert first["wg"] == 0 and first["ws"] == 0
+    reason = V9.check(p, dict(V9.default_tunables(), wg=0), extra=ctx80)
+    assert reason is not None and "sums" in reason

@@ -104,8 +104,9 @@ def test_a_component_without_events_keeps_its_mean_and_covariance(variant, rng):
     assert r["means"][-1].tolist() == mu[-1].tolist()
     be, p, s = _session(X, M, w, mu, cv)
     try:
+        v = registry.get("cuda", variant, "covariance")
         run = s.em(
-            be.kernel(registry.get("cuda", variant, "covariance"), None, p),
+            be.kernel(v, be.tunables_for(v, p), p),
             min_iters=2,
             max_iters=2,
             tol=0.0,
@@ -139,15 +140,17 @@ def test_v9_guards_serve_scattered_components(rng):
     assert set(far) <= set(want_e) and np.all(np.abs(quad / (elimit * D) - 1.0) > 0.1)
     be, p, s = _session(X, M, w, mu, cv)
     try:
-        run = s.em(be.kernel(V9, None, p), min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
+        tun = be.tunables_for(V9, p)  # this GPU's first allowed: the wgmma E-step (wg = 1) on Hopper
+        run = s.em(be.kernel(V9, tun, p), min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
         weights, means, covars = s.params()
-        env = V9.derive(dict(p.as_dict(), **V9.default_tunables(), **CTX))
-        mpad, dk = env["MPAD"], env["DK"]
-        fsize = 2 * mpad * dk + 2 * mpad + mpad * dk + 4  # floats: B, c, flags, mu - s, the count (cov_v9.cu.j2)
+        env = V9.derive(dict(p.as_dict(), **tun, **CTX))
+        mpad, dk, nbp = env["MPAD"], env["DK"], 2 + 2 * tun["wg"]
+        # floats: B (2 planes, 4 with wg), c, flags, mu - s, the count (cov_v9.cu.j2)
+        fsize = nbp * mpad * dk + 2 * mpad + mpad * dk + 4
         raw = _doubles(s, fsize // 2 + D + M)
     finally:
         s.close()
-    eflags = raw[: fsize // 2].view(np.float32)[2 * mpad * dk + mpad :][:M]
+    eflags = raw[: fsize // 2].view(np.float32)[nbp * mpad * dk + mpad :][:M]
     assert np.flatnonzero(eflags != 0).tolist() == want_e.tolist()
     flags = raw[fsize // 2 + D : fsize // 2 + D + M]
     assert np.flatnonzero(flags == 1.0).tolist() == far.tolist() and set(np.unique(flags)) <= {0.0, 1.0}

@@ -52,6 +52,15 @@ gpu = pytest.mark.skipif(REASON is not None, reason=f"CUDA backend unavailable: 
 _check = check_fit
 
 
+def _hopper():
+    return cu.CudaBackend().device.attrs["cc"] == 90
+
+
+def _needs_hopper(tun):
+    t = dict(V9.default_tunables(), **tun)
+    return bool(t["wg"] or t["ws"])
+
+
 SHAPES = [
     (1003, 7, 3),
     (517, 1, 4),
@@ -84,7 +93,17 @@ def test_v9_matches_reference(shape, offset, rng):
 @gpu
 @pytest.mark.parametrize(
     "tun",
-    [{"be": 64}, {"be": 32}, {"kd": 16}, {"xt": 2}, {"sbps": 2}, {"elimit": 0.0}, {"ratio_limit": 1.0}],
+    [
+        {"be": 64},
+        {"be": 32, "wg": 0},
+        {"kd": 16},
+        {"xt": 2, "ws": 0},
+        {"sbps": 2},
+        {"elimit": 0.0},
+        {"ratio_limit": 1.0},
+    ]
+    + [{"wg": 0}, {"wg": 0, "be": 64}, {"wg": 0, "kd": 16}, {"wg": 0, "elimit": 0.0}, {"be": 64, "kd": 16}]
+    + [{"ws": 0}, {"ws": 0, "sbps": 2}, {"ws": 0, "ratio_limit": 1.0}, {"wg": 0, "ws": 0}],
     ids=lambda t: "-".join(f"{k}{v}" for k, v in t.items()),
 )
 @pytest.mark.parametrize("shape", [(20_011, 36, 130), (3001, 11, 40), (700, 3, 1)], ids=lambda s: "N%d-D%d-M%d" % s)
@@ -92,6 +111,8 @@ def test_v9_tunables_and_guards(shape, tun, rng):
     """elimit = 0 trips the E-step guard for every component (log p in the exact form), ratio_limit = 1
     the sums guard (every component's sums recomputed exactly from the E-step's log p)."""
     N, D, M = shape
+    if _needs_hopper(tun) and not _hopper():
+        pytest.skip("the wgmma E-step and sums (wg = 1, ws = 1) run on compute capability 9.0 only")
     X = make_blobs(rng, N, D, M, offset=1000.0, dtype=np.float32)
     (weights, means, covars), run, r = session_vs_reference(rng, X, M, "diag", "V9", tun, iters=2)
     _check(covars, means, weights, run.loglik, r)
@@ -110,6 +131,25 @@ def test_v9_one_iteration_is_float32_accurate(offset, rng):
         )
         errs[variant] = float(np.linalg.norm(g.covars - r["covars"]) / np.linalg.norm(r["covars"]))
     assert errs["V9"] < 1e-5, errs
+    for tun in ({"wg": 0}, {"wg": 1}) if _hopper() else ({"wg": 0},):  # both E-step GEMMs, same start
+        (_, _, covars), _, r = session_vs_reference(np.random.default_rng(5), X, M, "diag", "V9", tun, iters=1)
+        err = float(np.linalg.norm(covars - r["covars"]) / np.linalg.norm(r["covars"]))
+        assert err < 1e-5, (tun, err)
+
+
+@gpu
+@pytest.mark.parametrize("tun", [{"wg": 1, "be": 64}, {"wg": 0, "ws": 0}], ids=["wgmma-be64", "mma"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "N%d-D%d-M%d" % s)
+def test_v9_gemms_match_reference_at_odd_shapes(shape, tun, rng):
+    """Both E-step GEMMs and both sums (wgmma, the first allowed on a Hopper GPU and so what
+    test_v9_matches_reference runs there, here at one warpgroup an E-step block; mma.sync) at the odd
+    shapes, X + 1000, two iterations."""
+    if _needs_hopper(tun) and not _hopper():
+        pytest.skip("the wgmma E-step and sums (wg = 1, ws = 1) run on compute capability 9.0 only")
+    N, D, M = shape
+    X = make_blobs(rng, N, D, M, offset=1000.0, dtype=np.float32)
+    (weights, means, covars), run, r = session_vs_reference(rng, X, M, "diag", "V9", tun, iters=2)
+    _check(covars, means, weights, run.loglik, r)
 
 
 def test_selection_offers_v9_only_beyond_v7s_range():

@@ -262,11 +262,22 @@ def key_parts(arch: str) -> list:
     return [version(), " ".join(OPTIONS), arch, *(HEADERS[n] for n in sorted(HEADERS))]
 
 
+def target_arch(source: str, arch: str) -> str:
+    """The architecture ``source`` is compiled for: a source that uses a GPU generation's own instructions
+    (wgmma: it defines ``ASP_ARCH_SPECIFIC``, ``variants/cuda/wgmma.cuh.j2``) takes the arch-specific
+    target (sm_90 -> sm_90a), whose cubin runs on that compute capability only (the device whose
+    architecture the caller names); NVRTC and nvcc both apply it."""
+    if "#define ASP_ARCH_SPECIFIC" in source and not arch.endswith("a"):
+        return arch + "a"
+    return arch
+
+
 def build_cubin(source: str, arch: str, name: str):
     """Path of the cubin of ``source`` for ``arch`` from the compile cache, compiled with NVRTC in this
     process when missing (the cache's lock, trust checks, logging and notice apply as for nvcc)."""
     from .. import cache
 
+    arch = target_arch(source, arch)
     return cache.build(
         source,
         ".cubin",
@@ -282,4 +293,4 @@ def lookup_cubin(source: str, arch: str, name: str):
     """Path of the cached NVRTC cubin of ``source`` for ``arch``, or ``None``."""
     from .. import cache
 
-    return cache.lookup(source, ".cubin", key_parts(arch), name, source_suffix=".cu")
+    return cache.lookup(source, ".cubin", key_parts(target_arch(source, arch)), name, source_suffix=".cu")

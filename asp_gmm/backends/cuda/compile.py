@@ -17,6 +17,7 @@ from pathlib import Path
 from ... import cache, registry
 from ...problem import Problem
 from ..base import Kernel
+from ..nvrtc import target_arch
 from ...config import settings
 
 #: Covariance condition limits (squared pivot ratio) by working precision (as the C backend).
@@ -83,6 +84,15 @@ def compiler_version() -> str:
     return cache.tool_version(nvcc_command())
 
 
+def _arch_flags(arch: str) -> list:
+    """nvcc's target flags: ``-arch=sm_XY``, or for an arch-specific target the ``-gencode`` form (the
+    ``-arch=sm_90a`` shorthand also runs a plain sm_90 pass, which rejects wgmma)."""
+    if arch.endswith("a"):
+        num = arch[len("sm_") :]
+        return [f"-gencode=arch=compute_{num},code=sm_{num}"]
+    return [f"-arch={arch}"]
+
+
 def cubin_path(source: str, arch: str, name: str) -> Path:
     """Path of the cubin compiled from ``source`` for ``arch`` (e.g. "sm_90"), from the cache
     (compiled into it on a miss, by NVRTC in this process where it is installed, else by nvcc;
@@ -98,10 +108,11 @@ def cubin_path(source: str, arch: str, name: str) -> Path:
 def cubin_path_nvcc(source: str, arch: str, name: str) -> Path:
     """:func:`cubin_path` through nvcc whatever is installed (tests compare the two compilers)."""
     cmd = nvcc_command()
+    arch = target_arch(source, arch)
     return cache.build(
         source,
         ".cubin",
-        lambda src, out: cmd + NVCC_FLAGS + [f"-arch={arch}", "-o", out, src],
+        lambda src, out: cmd + NVCC_FLAGS + _arch_flags(arch) + ["-o", out, src],
         _key_parts(arch),
         name,
         source_suffix=".cu",
@@ -134,6 +145,7 @@ def is_cached(source: str, arch: str, name: str) -> bool:
         from .. import nvrtc
 
         return nvrtc.lookup_cubin(source, arch, name) is not None
+    arch = target_arch(source, arch)
     return cache.lookup(source, ".cubin", _key_parts(arch), name, source_suffix=".cu") is not None
 
 
