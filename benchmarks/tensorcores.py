@@ -99,7 +99,7 @@ def main(argv=None):
     ap.add_argument("--shapes", default="1000000x128x1024,500000x36x128,200000x128x256")
     ap.add_argument("--tunables", default=";".join(TUNABLES), help="';'-separated sets, e.g. 'wg=0;wg=1,be=64'")
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--error-shape", default="100000x64x256")
+    ap.add_argument("--error-shape", default="20000x36x128")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "tensorcores.json"))
     a = ap.parse_args(argv)
     from asp_gmm.backends.cuda import CudaBackend
