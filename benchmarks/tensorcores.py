@@ -19,26 +19,14 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu import blobs, init_params  # noqa: E402
 from asp_gmm import reference as ref  # noqa: E402
 from asp_gmm import registry  # noqa: E402
 from asp_gmm.problem import Problem  # noqa: E402
 
 REG = 1e-6
 TUNABLES = ["wg=0", "wg=1", "wg=1,be=64", "wg=1,kd=32", "wg=0,kd=16"]
-
-
-def blobs(rng, N, D, M, offset):
-    """Clustered float32 data (M centres, unit spread) plus ``offset``."""
-    c = rng.normal(0, 4, (M, D))
-    X = c[rng.integers(0, M, N)] + rng.normal(0, 1, (N, D))
-    return (X + offset).astype(np.float32)
-
-
-def start(rng, X, M):
-    """Parameters from M random events, unit variances, equal weights (diag)."""
-    N, D = X.shape
-    mu = X[rng.choice(N, M, replace=False)].astype(np.float64)
-    return np.full(M, 1.0 / M), mu, np.ones((M, D)) * float(X.var(0).mean())
 
 
 def parse_tun(s):
@@ -74,8 +62,8 @@ def time_shape(be, X, params, tun, iters):
 def error(be, rng, shape, offset, tun):
     """Covariance error of one V9 iteration at ``tun`` against float64 EM from the same start."""
     N, D, M = shape
-    X = blobs(rng, N, D, M, offset)
-    w, mu, cv = start(rng, X, M)
+    X = blobs(rng, N, D, M) + np.float32(offset)
+    w, mu, cv = init_params(rng, X, M, "diag")
     r = ref.em(X.astype(np.float64), w, mu, cv, "diag", REG, 1, 1, 0.0)
     p = Problem(N, D, M, "diag", "float32")
     s = be.open(X, p)
@@ -110,8 +98,8 @@ def main(argv=None):
     rows, out = [], {"device": be.device.name, "shapes": {}, "errors": {}}
     for sh in a.shapes.split(","):
         N, D, M = (int(x) for x in sh.split("x"))
-        X = blobs(rng, N, D, M, 10.0)
-        params = start(rng, X, M)
+        X = blobs(rng, N, D, M) + np.float32(10.0)
+        params = init_params(rng, X, M, "diag")
         for t in tuns:
             try:
                 r = time_shape(be, X, params, parse_tun(t), a.iters)
