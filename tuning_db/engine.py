@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import os
 import random
 import sqlite3
@@ -11,10 +9,12 @@ import stat
 import sys
 import time
 import urllib.parse
+import weakref
 from pathlib import Path
 
 from . import lite
 from .errors import HistoryError, SchemaMismatchError
+from .forksafe import GATE, dispose_quietly
 from .schema import SCHEMA_TABLE, SCHEMA_VERSION
 from .values import _now
 
@@ -54,6 +54,8 @@ class _Engine:
             self.where = self.path if self.is_sqlite else u.render_as_string(hide_password=True)
         engine = self._make_engine(u)
         self._engine_obj = engine
+        # the connections are closed inside the fork gate when this history is collected
+        weakref.finalize(self, dispose_quietly, engine).atexit = False
         try:
             self._open()
         except BaseException:
@@ -125,11 +127,12 @@ class _Engine:
         if st.st_size == 0:
             return
         try:
-            con = lite.connect_readonly(self.path, timeout=30.0)
-            try:
-                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            finally:
-                con.close()
+            with GATE.inside():
+                con = lite.connect_readonly(self.path, timeout=30.0)
+                try:
+                    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                finally:
+                    con.close()
         except sqlite3.DatabaseError as exc:
             raise self._translate(exc, "open") from None
         if tables and SCHEMA_TABLE not in tables:
@@ -207,10 +210,12 @@ class _Engine:
                 # PostgreSQL: another process may have created the tables between our check and ours
                 version = self._run(create_or_check, "open")
         except HistoryError:
-            self._engine_obj.dispose()
+            with GATE.inside():
+                self._engine_obj.dispose()
             raise
         if version != SCHEMA_VERSION:
-            self._engine_obj.dispose()
+            with GATE.inside():
+                self._engine_obj.dispose()
             raise SchemaMismatchError(
                 f"the tuning history {self.where} has schema version {version}, this asp_gmm uses "
                 f"{SCHEMA_VERSION}; export what you need with the asp_gmm that wrote it, then {self._fix()}"
@@ -227,7 +232,8 @@ class _Engine:
         delay = 0.02
         for attempt in range(12):
             try:
-                return fn()
+                with GATE.inside():  # no fork while SQLite runs on this thread (tuning_db/forksafe.py)
+                    return fn()
             except Exception as exc:
                 kind = _database_error(exc)
                 if kind is None:

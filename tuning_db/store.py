@@ -25,14 +25,13 @@ Reading
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import threading
 import time
 from pathlib import Path
 
 from . import lite
 from .engine import _Engine
+from .forksafe import GATE
 from .reads import _Reads, DeviceView  # noqa: F401
 from .transfer import _Transfer
 from .schema import SCHEMA_VERSION
@@ -102,7 +101,9 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         self._lite_path = lite.plain_path(self.url)
         if self._lite_path is not None:
             self.is_sqlite, self.path, self.where = True, self._lite_path, self._lite_path
-            if lite.schema_version(self._lite_path) != SCHEMA_VERSION:
+            with GATE.inside():
+                version = lite.schema_version(self._lite_path)
+            if version != SCHEMA_VERSION:
                 # new, older, foreign or unreadable: the engine creates, migrates or refuses it now
                 self._make_engine_now()
         else:
@@ -117,5 +118,6 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         """Flush and release the connections."""
         self.flush()
         if self._engine_obj is not None:
-            self._engine_obj.dispose()
+            with GATE.inside():
+                self._engine_obj.dispose()
         _registry().histories.discard(self)

@@ -3,8 +3,6 @@ value is checked against."""
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import json
 import logging
 import math

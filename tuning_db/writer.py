@@ -15,6 +15,8 @@ No row is lost:
   child's own rows get a writer thread of the child (started on its first request, the parent's
   thread does not exist there), and a child started by :mod:`multiprocessing` (which ends with
   ``os._exit``, skipping ``atexit``) flushes at its exit through :class:`multiprocessing.util.Finalize`;
+  the fork itself waits until no thread is inside SQLite (:mod:`tuning_db.forksafe`), whose locks a
+  child would otherwise inherit held;
 * a write that fails on the writer's thread (a read-only or locked database) leaves the rows queued
   and its error is raised on the caller's thread by the next :meth:`Writer.raise_pending` (the
   store's ``record`` and ``maybe_flush``), where the package already turns a broken history into a

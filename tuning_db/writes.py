@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from __future__ import annotations
-
 import atexit
 import math
 import os
@@ -13,6 +11,7 @@ import weakref
 
 from . import lite
 from .devices import device_of
+from .forksafe import GATE
 from .schema import STATUSES
 from .values import Row, VariantKey, _now, canonical_json, log
 
@@ -28,6 +27,12 @@ class _OpenHistories:
         self.histories: "weakref.WeakSet" = weakref.WeakSet()
         atexit.register(self.flush_all_at_exit)
         if hasattr(os, "register_at_fork"):
+            # a fork waits for the SQLite calls in progress on other threads (tuning_db/forksafe.py)
+            os.register_at_fork(
+                before=GATE.before_fork,
+                after_in_parent=GATE.after_fork_in_parent,
+                after_in_child=GATE.after_fork_in_child,
+            )
             os.register_at_fork(after_in_child=self.after_fork_in_child)
 
     def flush_all_at_exit(self):  # pragma: no cover - exercised by the subprocess tests
