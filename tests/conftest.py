@@ -153,3 +153,13 @@ def check_fit(covars, means, weights, ll, r, rtol=2e-4):
     np.testing.assert_allclose(means, r["means"], rtol=rtol, atol=rtol * float(np.max(np.abs(r["means"]))))
     np.testing.assert_allclose(weights, r["weights"], rtol=rtol, atol=rtol)
     assert ll == pytest.approx(r["loglik"], rel=2e-3)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Kill the multiprocessing children a failed test left running: the interpreter's exit joins
+    them, and one hung child would hang the whole run (CI's limit, not a test failure, would end it)."""
+    import multiprocessing
+
+    for p in multiprocessing.active_children():
+        p.kill()
+        p.join(10)
