@@ -50,7 +50,7 @@ from pathlib import Path
 import platformdirs
 
 from ._version import __version__
-from .config import settings
+from .config import cache_root, settings
 from .errors import CacheError, CompileError, UnsafeCacheError
 from .runtime import default_runtime
 
@@ -65,10 +65,7 @@ _GO_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 def _configured() -> tuple:
     """(folder, where it comes from) of the cache: ``$ASP_GMM_CACHE_DIR`` or the user cache folder."""
-    env = settings().cache_dir
-    if env:
-        return Path(env).expanduser().absolute(), "ASP_GMM_CACHE_DIR"
-    return _private_dir(), "default"
+    return cache_root()
 
 
 def _private_dir() -> Path:

@@ -222,3 +222,17 @@ def settings() -> Settings:
     if key is not None:
         _memo = (key, out)
     return out
+
+
+def cache_root():
+    """``(folder, origin)`` of the compile cache as configured: ``$ASP_GMM_CACHE_DIR`` (origin
+    ``"ASP_GMM_CACHE_DIR"``) or the user cache folder of platformdirs (``"default"``). Only where it
+    is: :func:`asp_gmm.cache.cache_dir` creates and checks it."""
+    from pathlib import Path
+
+    env = settings().cache_dir
+    if env:
+        return Path(env).expanduser().absolute(), "ASP_GMM_CACHE_DIR"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("asp_gmm")).absolute(), "default"

@@ -115,6 +115,16 @@ def select_rows(path: str, device_id=None, since_id: int = 0, limit=None, newest
         con.close()
 
 
+def row_uid(path: str, row_id: int) -> str | None:
+    """The uid of timing ``row_id``, or None."""
+    con = connect(path)
+    try:
+        got = con.execute(f"SELECT uid FROM {TIMINGS_TABLE} WHERE id = ?", (int(row_id),)).fetchone()
+    finally:
+        con.close()
+    return None if got is None else got[0]
+
+
 def newer_ids(path: str, device_id: str, max_id: int) -> list:
     """``[(id, uid)]`` of ``device_id``'s timings with ``id > max_id``."""
     con = connect(path)

@@ -13,11 +13,14 @@ from .values import Row, VariantKey, _Bad, _check_values, _fingerprint_problem, 
 class DeviceView:
     """Every row of one device, in memory; ``rows`` only grows (``generation`` counts additions)."""
 
-    def __init__(self, device_id: str):
+    def __init__(self, device_id: str, start_id: int = 0):
         self.device_id = device_id
+        #: the stored rows with ``id <= start_id`` are not in this view (their reader holds them
+        #: otherwise: the selection's saved aggregates, asp_gmm/selection/snapshot.py)
+        self.start_id = start_id
         self.rows: list = []
         self.uids: set = set()
-        self.max_id = 0
+        self.max_id = start_id
         self.loaded_at = 0.0
         self.generation = 0
 
@@ -152,8 +155,11 @@ class _Reads:
         log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
-    def view(self, device_id: str) -> DeviceView:
-        """The in-memory rows of ``device_id`` (loaded on first use, refreshed when stale)."""
+    def view(self, device_id: str, start_id: int = 0) -> DeviceView:
+        """The in-memory rows of ``device_id`` (loaded on first use, refreshed when stale).
+
+        ``start_id``: when this call makes the view, it holds only the stored rows with a larger id
+        (and the queued ones); a view made before keeps its own :attr:`DeviceView.start_id`."""
         v = self._views.get(device_id)
         now = time.monotonic()
         if v is not None and now - v.loaded_at < self.refresh_interval:
@@ -161,17 +167,38 @@ class _Reads:
         with self._lock:
             v = self._views.get(device_id)
             if v is None:
-                v = self._views[device_id] = DeviceView(device_id)
+                v = self._views[device_id] = DeviceView(device_id, max(0, int(start_id)))
                 for r in list(self._pending):
                     if r.device_id == device_id:
                         v._add(r)
-            if not v.max_id and not v.loaded_at:
-                for r in self._run(lambda: self._select(device_id, 0), "read"):
+            if not v.loaded_at:
+                start = v.start_id
+                for r in self._run(lambda: self._select(device_id, start), "read"):
                     v._add(r)
             else:
                 self._run(lambda: self._refresh(v), "read")
             v.loaded_at = time.monotonic()
         return v
+
+    def drop_view(self, device_id: str) -> None:
+        """Forget the in-memory view of ``device_id``: the next :meth:`view` reads it again."""
+        with self._lock:
+            self._views.pop(device_id, None)
+
+    def row_uid(self, row_id: int) -> str | None:
+        """The uid of the stored row ``row_id``, or None when there is none (deleted, cleared)."""
+
+        def q():
+            if self._lite_path is not None:
+                return lite.row_uid(self._lite_path, row_id)
+            from sqlalchemy import select
+
+            from .models import Timing
+
+            with self._engine.connect() as conn:
+                return conn.execute(select(Timing.__table__.c.uid).where(Timing.__table__.c.id == row_id)).scalar()
+
+        return self._run(q, "read")
 
     def _refresh(self, v: DeviceView) -> None:
         """Add the rows stored since ``v`` was read. Only (id, uid) of the newer rows are read first:

@@ -99,11 +99,43 @@ class HistorySelector(Selector):
         device_id, _ = self._device(backend)
         key = (id(history), device_id)
         with self._lock:
-            view = history.view(device_id)
             idx = self._indexes.get(key)
-            if idx is None or idx.view is not view:
+            if idx is None:
+                idx = self._indexes[key] = self._open_index(history, device_id)
+                return idx
+            view = history.view(device_id)
+            if idx.view is not view:
                 idx = self._indexes[key] = _Index(view)
             idx.update()
+        return idx
+
+    def _open_index(self, history, device_id):
+        """The device's aggregates: saved ones (asp_gmm/selection/snapshot.py) and the rows stored
+        since, or every stored row; noted to be saved when folded from many rows."""
+        from . import snapshot
+        from ..tuning_db import VariantKey
+
+        saved = snapshot.load(history, device_id)
+        idx = None
+        if saved is not None:
+            state, max_id = saved
+            try:
+                idx = _Index.from_state(None, state, VariantKey)
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                log.debug("asp_gmm: the saved selection aggregates are unreadable (%s)", exc)
+            view = history.view(device_id, start_id=max_id if idx is not None else 0)
+            if idx is not None and view.start_id != max_id:
+                idx = None  # the view was made before, from other rows
+        if idx is None:
+            view = history.view(device_id)
+            if view.start_id:  # newer rows only, and not the aggregates they follow: read them all
+                history.drop_view(device_id)
+                view = history.view(device_id)
+            idx = _Index(view)
+        idx.view = view
+        idx.update()
+        if not view.start_id or len(view.rows) >= snapshot.RESAVE_ROWS:
+            snapshot.capture(idx, history, device_id)
         return idx
 
     def warm(self, backend, problems) -> None:

@@ -78,6 +78,64 @@ class _Index:
         #: candidates (HistorySelector._rank): a class whose untried candidates stay pruned would
         #: otherwise re-rank on every call (about 1 ms, most of a small batched call's planning)
         self.ranked: dict = {}
+        #: (cvtype, dtype) -> (classes, leave-one-out accuracy of the nearest rule, of the cost
+        #: model): kept while no class of the pair is added (and saved with the aggregates)
+        self._loo: dict = {}
+
+    # ------------------------------------------------------------------ saved aggregates
+    def state(self) -> dict:
+        """The aggregates as JSON-ready data (asp_gmm/selection/snapshot.py saves them): what
+        :meth:`from_state` rebuilds without the rows."""
+        keys: dict = {}
+
+        def vk_i(vk):
+            i = keys.get(vk)
+            if i is None:
+                i = keys[vk] = len(keys)
+            return i
+
+        def table(t):
+            return [
+                [list(ck), [[vk_i(vk), a.values[:], a.n, a.median] for vk, a in per.items()]] for ck, per in t.items()
+            ]
+
+        out = {
+            "classes": table(self.classes),
+            "sampled": table(self.sampled),
+            "compile_failed": [[vk_i(vk), cv, dt] for vk, cv, dt in sorted(self.compile_failed, key=repr)],
+            "run_failed": [[vk_i(vk), cv, dt, D, M] for vk, cv, dt, D, M in sorted(self.run_failed, key=repr)],
+            "spent": [[list(ck), *v] for ck, v in self.spent.items()],
+            "loo": [[*ct, *v] for ct, v in self._loo.items()],
+        }
+        out["variants"] = [[vk.backend, vk.name, vk.tunables, vk.source_sha256] for vk in keys]
+        return out
+
+    @classmethod
+    def from_state(cls, view, state: dict, variant_key) -> "_Index":
+        """An index holding the aggregates ``state`` (of :meth:`state`) and then ``view``'s rows
+        (those stored after the state's, see :attr:`tuning_db.DeviceView.start_id`).
+        ``variant_key(backend, name, tunables, sha)`` makes the history's keys."""
+        idx = cls(view)
+        vks = [variant_key(*v) for v in state["variants"]]
+
+        def table(rows):
+            out = {}
+            for ck, per in rows:
+                d = out[tuple(ck)] = {}
+                for i, values, n, median in per:
+                    a = _Agg()
+                    a.values, a.n, a.median = [float(v) for v in values], int(n), float(median)
+                    d[vks[i]] = a
+            return out
+
+        idx.classes = table(state["classes"])
+        idx.sampled = table(state["sampled"])
+        idx.compile_failed = {(vks[i], cv, dt) for i, cv, dt in state["compile_failed"]}
+        idx.run_failed = {(vks[i], cv, dt, int(D), int(M)) for i, cv, dt, D, M in state["run_failed"]}
+        idx.spent = {tuple(ck): [float(a), float(b), int(c)] for ck, a, b, c in state["spent"]}
+        idx._loo = {(cv, dt): (int(n), float(nn), float(md)) for cv, dt, n, nn, md in state["loo"]}
+        idx.generation = 1
+        return idx
 
     def update(self):
         rows = self.view.rows
@@ -214,8 +272,13 @@ class _Index:
             if len(classes) < costmodel.MIN_POINTS + 1:
                 got = ("nearest", None, 0.0, 0.0)
             else:
-                nn, _ = costmodel.loo_nearest_accuracy(classes)
-                md, _ = costmodel.loo_model_accuracy(classes)
+                loo = self._loo.get((cvtype, dtype))
+                if loo is not None and loo[0] == len(classes):
+                    nn, md = loo[1], loo[2]  # the leave-one-out is most of a first plan's time
+                else:
+                    nn, _ = costmodel.loo_nearest_accuracy(classes)
+                    md, _ = costmodel.loo_model_accuracy(classes)
+                    self._loo[(cvtype, dtype)] = (len(classes), nn, md)
                 model = None
                 if md >= nn:
                     points: dict = {}
