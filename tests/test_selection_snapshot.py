@@ -135,6 +135,32 @@ def test_a_cleared_or_replaced_history_is_read_in_full(tmp_path, cache):
     h3.close()
 
 
+def test_the_bound_deleting_the_newest_saved_row_keeps_them(tmp_path, cache):
+    """The per-class bound deletes a key's oldest rows; the newest saved row may go, the others of
+    the anchors stay, and the aggregates are still used."""
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    be = FakeBackend(VARIANTS)
+    sel, h = _fresh(url)
+    _fill(sel, be, np.random.default_rng(7), 200)
+    h.flush()
+    _fresh(url)[0].index(be)
+    snapshot.save_all()
+    (path,) = (cache / "selection").glob("*.json")
+    anchors = json.loads(path.read_text())["anchors"]
+    assert len(anchors) == snapshot.ANCHORS
+    con = sqlite3.connect(tmp_path / "h.sqlite")
+    con.execute("DELETE FROM timings WHERE id = ?", (anchors[0][0],))
+    con.commit()
+    assert _fresh(url)[0].index(be).view.start_id == anchors[0][0]
+    con.execute(f"DELETE FROM timings WHERE id IN ({','.join(str(a[0]) for a in anchors)})")
+    con.commit()
+    con.close()
+    assert _fresh(url)[0].index(be).view.start_id == 0  # none left: read in full
+    h.close()
+
+
 def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, cache):
     url = f"sqlite:///{tmp_path / 'h.sqlite'}"
     be = FakeBackend(VARIANTS)

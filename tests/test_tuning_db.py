@@ -633,9 +633,30 @@ def test_postgresql_shared_history(postgres_url, tmp_path):
         ("V3", "ok"),
         ("V4", "launch-failed"),
     }
+    # the rows the selection's saved aggregates are checked against (tuning_db.History.row_uids)
+    some = {r.id: r.uid for r in rows[:3]}
+    assert other.row_uids([*some, 10**9]) == some
+    v = other.view("devP", start_id=max(r.id for r in rows if r.device_id == "devP"))
+    assert v.rows == [] and v.start_id > 0
     # a selector over the server sees the same history as over a file
     other.export(tmp_path / "pg.json")
     local = History(url(tmp_path))
     assert local.import_(tmp_path / "pg.json") == (122, 0)
     h.close()
     other.close()
+
+
+@pytest.mark.parametrize("query", ["", "?timeout=5"])  # the standard library's path, SQLAlchemy's
+def test_row_uids_and_a_view_of_the_rows_after_an_id(tmp_path, query):
+    h = History(url(tmp_path) + query)
+    for i in range(6):
+        h.record("dev", FP, V3, 1000 + i, 19, 16, "full", "float32", "ok", 0.01 + i * 1e-3)
+    h.flush()
+    rows = h.rows()
+    assert h.row_uids([r.id for r in rows] + [10**9]) == {r.id: r.uid for r in rows}
+    v = h.view("dev", start_id=rows[3].id)
+    assert [r.uid for r in v.rows] == [r.uid for r in rows[4:]] and v.start_id == rows[3].id
+    assert h.view("dev", start_id=0) is v  # made once: its start stays
+    h.drop_view("dev")
+    assert len(h.view("dev").rows) == 6
+    h.close()

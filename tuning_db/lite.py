@@ -115,14 +115,15 @@ def select_rows(path: str, device_id=None, since_id: int = 0, limit=None, newest
         con.close()
 
 
-def row_uid(path: str, row_id: int) -> str | None:
-    """The uid of timing ``row_id``, or None."""
+def row_uids(path: str, ids) -> dict:
+    """``{id: uid}`` of the stored timings among ``ids`` (at most :data:`ID_CHUNK`)."""
+    ids = [int(i) for i in ids]
     con = connect(path)
     try:
-        got = con.execute(f"SELECT uid FROM {TIMINGS_TABLE} WHERE id = ?", (int(row_id),)).fetchone()
+        got = con.execute(f"SELECT id, uid FROM {TIMINGS_TABLE} WHERE id IN ({', '.join('?' * len(ids))})", ids)
+        return dict(got.fetchall())
     finally:
         con.close()
-    return None if got is None else got[0]
 
 
 def newer_ids(path: str, device_id: str, max_id: int) -> list:

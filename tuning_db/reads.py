@@ -185,20 +185,22 @@ class _Reads:
         with self._lock:
             self._views.pop(device_id, None)
 
-    def row_uid(self, row_id: int) -> str | None:
-        """The uid of the stored row ``row_id``, or None when there is none (deleted, cleared)."""
+    def row_uids(self, ids) -> dict:
+        """``{id: uid}`` of the stored rows among ``ids`` (a deleted or cleared row is missing)."""
+        ids = [int(i) for i in ids][: lite.ID_CHUNK]
 
         def q():
             if self._lite_path is not None:
-                return lite.row_uid(self._lite_path, row_id)
+                return lite.row_uids(self._lite_path, ids)
             from sqlalchemy import select
 
             from .models import Timing
 
+            T = Timing.__table__.c
             with self._engine.connect() as conn:
-                return conn.execute(select(Timing.__table__.c.uid).where(Timing.__table__.c.id == row_id)).scalar()
+                return dict(conn.execute(select(T.id, T.uid).where(T.id.in_(ids))).all())
 
-        return self._run(q, "read")
+        return self._run(q, "read") if ids else {}
 
     def _refresh(self, v: DeviceView) -> None:
         """Add the rows stored since ``v`` was read. Only (id, uid) of the newer rows are read first:

@@ -10,9 +10,9 @@ aggregates from the rows saves them (at its exit, with the leave-one-out results
 reads only the rows stored after them (:meth:`tuning_db.History.view`'s ``start_id``) and folds
 those.
 
-The saved aggregates are used only while they still describe the history: the newest row they hold
-must still be stored under its id with its uid (a cleared, replaced or repaired history, or one whose
-newest row the per-class bound has deleted, is read in full again, and saved again). Rows the bound
+The saved aggregates are used only while they still describe the history: one of their newest rows
+(:data:`ANCHORS`, of different keys of the per-class bound) must still be stored under its id with
+its uid (a cleared or replaced history is read in full again, and saved again). Rows the bound
 deletes later stay in the aggregates, as they stay in a running process's. They are saved again
 after :data:`RESAVE_ROWS` more rows, and never from a process that folded rows not yet stored (their
 ids are not known). The file is JSON (never code), written atomically (``os.replace``) in the
@@ -39,6 +39,8 @@ FORMAT = 1
 MIN_ROWS = 1000
 #: Aggregates loaded from a file are saved again once this many newer rows have been folded.
 RESAVE_ROWS = 2000
+#: Rows whose ids and uids show that the history still holds the saved rows (any one suffices).
+ANCHORS = 32
 
 _lock = threading.Lock()
 _to_save: dict = {}  # path -> (index, captured state, view rows at capture)
@@ -102,8 +104,10 @@ def load(history, device_id: str):
     try:
         if doc.get("format") != FORMAT or doc.get("url") != history.url or doc.get("device_id") != device_id:
             return None
-        max_id, uid = int(doc["max_id"]), str(doc["uid"])
-        if history.row_uid(max_id) != uid:  # cleared, replaced, repaired or bounded away
+        max_id = int(doc["max_id"])
+        anchors = {int(i): str(u) for i, u in doc["anchors"]}
+        stored = history.row_uids(list(anchors))
+        if not any(stored.get(i) == u for i, u in anchors.items()):  # cleared or replaced
             return None
         return doc["state"], max_id
     except (KeyError, TypeError, ValueError):
@@ -117,8 +121,18 @@ def capture(idx, history, device_id: str) -> None:
         return
     if any(r.id is None for r in rows):  # a queued row: its id is not known yet
         return
-    newest = max(rows, key=lambda r: r.id, default=None)
-    if newest is None:
+    # anchors: the newest row of each of the last ANCHORS keys the bound counts by; the bound
+    # deletes a row only after KEEP_PER_CLASS newer ones of its key, and a cleared or replaced
+    # history holds none of them (uids are random)
+    anchors, keys = [], set()
+    for r in sorted(rows, key=lambda r: r.id, reverse=True):
+        k = (r.variant, r.cvtype, r.dtype, r.D, r.M, r.sampled_from is not None, r.N if r.sampled_from is None else 0)
+        if k not in keys:
+            keys.add(k)
+            anchors.append([int(r.id), r.uid])
+            if len(anchors) == ANCHORS:
+                break
+    if not anchors:
         return
     p = _path(history, device_id)
     if p is None:
@@ -128,8 +142,8 @@ def capture(idx, history, device_id: str) -> None:
         "format": FORMAT,
         "url": history.url,
         "device_id": device_id,
-        "max_id": int(newest.id),
-        "uid": newest.uid,
+        "max_id": anchors[0][0],
+        "anchors": anchors,
         "state": state,
     }
     with _lock:
