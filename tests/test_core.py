@@ -1,5 +1,6 @@
 """The Face: API round trips, bad input, numerics, agreement with scikit-learn, the compile cache."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -449,3 +450,24 @@ def test_prepare_loads_every_candidate_and_checks_its_arguments():
             asp_gmm.prepare(**bad)
     with pytest.raises(ValueError, match="cvtype"):
         asp_gmm.prepare(3, 2, cvtype="banded")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pycuda") is not None, reason="pycuda is installed here")
+def test_auto_without_pycuda_does_not_import_the_cuda_package():
+    """A CPU process's start: "auto" learns that pycuda is missing without importing
+    asp_gmm.backends.cuda (25-90 ms), and the reason names pycuda as the package's own probe does."""
+    code = (
+        "import sys, asp_gmm\n"
+        "from asp_gmm.backends import get_backend, unavailable_reason\n"
+        "be = get_backend('auto')\n"
+        "assert be.name != 'cuda'\n"
+        "assert 'asp_gmm.backends.cuda' not in sys.modules, sorted(m for m in sys.modules if 'cuda' in m)\n"
+        "print(unavailable_reason('cuda'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    from asp_gmm.backends.cuda.device import _driver
+
+    with pytest.raises(Exception) as exc:
+        _driver()
+    assert out.stdout.strip() == str(exc.value)
