@@ -21,7 +21,6 @@ from functools import lru_cache
 
 from concurrent.futures import ThreadPoolExecutor
 
-import cffi
 import numpy as np
 
 from .. import cache, registry
@@ -30,30 +29,10 @@ from ..config import settings
 from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import Problem
 from .base import Backend, BlockStats, EMRun, Kernel, Session, StatsRunner, block_rows_for
+from .c_decls import CORE_CDEF, load_ffi
 
-_CDEF = """
-typedef struct asp_state asp_state;
-int asp_abi(void);
-void asp_set_threads(asp_state *s, int n);
-int asp_tile(void);
-asp_state *asp_create(const void *X, int64_t n, int d, int m, void *xt, void *resp, void *logprob,
-                      double *weights, double *means, double *covars, double *nk);
-void asp_destroy(asp_state *s);
-int asp_set_params(asp_state *s, double reg_covar);
-int asp_estep(asp_state *s);
-double asp_loglik(asp_state *s);
-int asp_bad_component(asp_state *s);
-const char *asp_error(asp_state *s);
-int asp_em(asp_state *s, void *cov_fn, int moments, int min_iters, int max_iters, double tol, double reg_covar,
-           double *ll_out, int *iters_out, int *converged_out, double *iter_seconds, double *cov_seconds,
-           double *ll_trace);
-int asp_covariance(const void *view, double *acc);
-int asp_load(asp_state *s, const void *X, int64_t n);
-int asp_stats(asp_state *s, void *cov_fn, int moments, double *out);
-void asp_set_weights(asp_state *s, const double *w);
-"""
-ffi = cffi.FFI()
-ffi.cdef(_CDEF)
+
+ffi = load_ffi("_ffi_c", CORE_CDEF)
 
 _ERR_NOT_PD, _ERR_NONFINITE, _ERR_ALLOC = 1, 2, 3
 #: Covariance condition limits (squared pivot ratio) by working precision.
@@ -372,7 +351,7 @@ class CSession(Session):
             return kernel.handle[1]
         cb = self._callbacks.get(kernel.variant.key)
         if cb is None:
-            cb = ffi.callback("int(const void *, double *)", self._blas_covariance)
+            cb = ffi.callback("int(*)(const void *, double *)", self._blas_covariance)
             self._callbacks[kernel.variant.key] = cb
         return cb
 

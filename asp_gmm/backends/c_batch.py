@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 
-import cffi
 import numpy as np
 
 from .. import cache, registry
@@ -18,26 +17,10 @@ from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import BatchProblem, Problem
 from . import c as cbackend
 from .base import Kernel
+from .c_decls import BATCH_CDEF, load_ffi
 from .batch_base import BatchRuns, BatchSession, BatchSupport
 
-ffi = cffi.FFI()
-ffi.cdef(
-    cbackend._CDEF
-    + """
-int asp_batch_abi(void);
-asp_state *asp_batch_create(const void *X, int64_t n, int d, int m, void *xt, void *resp, void *logprob,
-                            double *weights, double *means, double *covars, double *nk);
-asp_state *asp_batch_create_rows(const void *X, const int64_t *index, int64_t n, int d, int m, void *xt, void *resp,
-                                 void *logprob, double *weights, double *means, double *covars, double *nk);
-void asp_batch_em(asp_state **st, int nb, int nthreads, int min_iters, int max_iters, double tol,
-                  const double *reg, int *rc, double *ll, int *iters, int *conv, double *trace, double *seconds);
-void asp_batch_estep(asp_state **st, int nb, int nthreads, int *rc, double *ll);
-void asp_batch_set_params(asp_state **st, int nb, int nthreads, const double *reg, int *rc);
-void asp_batch_pack(const void *X, int64_t n, int d, void *xt);
-void asp_batch_score(asp_state **st, int nb, int nthreads, const void **xts, const int64_t *ns, void **outs,
-                     int *rc, double *ll);
-"""
-)
+ffi = load_ffi("_ffi_c_batch", BATCH_CDEF)
 
 
 def _dptr(a: np.ndarray):
