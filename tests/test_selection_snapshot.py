@@ -63,12 +63,26 @@ def _fresh(url):
     return HistorySelector(h), h
 
 
-def test_a_new_selector_loads_the_saved_aggregates_and_reads_no_old_row(tmp_path, cache):
+def _filled(tmp_path, seed, n=200):
+    """A history of ``n`` rows: (url, backend, selector, history)."""
     url = f"sqlite:///{tmp_path / 'h.sqlite'}"
     be = FakeBackend(VARIANTS)
     sel, h = _fresh(url)
-    _fill(sel, be, np.random.default_rng(0), 400)
+    _fill(sel, be, np.random.default_rng(seed), n)
     h.flush()
+    return url, be, sel, h
+
+
+def _saved(tmp_path, seed):
+    """:func:`_filled`, its aggregates saved by a process that read every row."""
+    url, be, sel, h = _filled(tmp_path, seed)
+    _fresh(url)[0].index(be)
+    snapshot.save_all()
+    return url, be, sel, h
+
+
+def test_a_new_selector_loads_the_saved_aggregates_and_reads_no_old_row(tmp_path, cache):
+    url, be, sel, h = _filled(tmp_path, 0, 400)
     sel2, h2 = _fresh(url)  # a process that reads every row, and saves at its exit
     built = sel2.index(be)
     assert len(built.view.rows) == h.count() and built.view.start_id == 0
@@ -117,13 +131,7 @@ def test_rows_stored_after_the_saved_ones_are_folded_in(tmp_path, cache):
 
 
 def test_a_cleared_or_replaced_history_is_read_in_full(tmp_path, cache):
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
-    be = FakeBackend(VARIANTS)
-    sel, h = _fresh(url)
-    _fill(sel, be, np.random.default_rng(2), 200)
-    h.flush()
-    _fresh(url)[0].index(be)
-    snapshot.save_all()
+    url, be, sel, h = _saved(tmp_path, 2)
     h.clear()
     _fill(sel, be, np.random.default_rng(3), 60)  # new rows; the saved newest row is gone
     h.flush()
@@ -140,13 +148,7 @@ def test_the_bound_deleting_the_newest_saved_row_keeps_them(tmp_path, cache):
     the anchors stay, and the aggregates are still used."""
     import sqlite3
 
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
-    be = FakeBackend(VARIANTS)
-    sel, h = _fresh(url)
-    _fill(sel, be, np.random.default_rng(7), 200)
-    h.flush()
-    _fresh(url)[0].index(be)
-    snapshot.save_all()
+    url, be, sel, h = _saved(tmp_path, 7)
     (path,) = (cache / "selection").glob("*.json")
     anchors = json.loads(path.read_text())["anchors"]
     assert len(anchors) == snapshot.ANCHORS
@@ -162,13 +164,7 @@ def test_the_bound_deleting_the_newest_saved_row_keeps_them(tmp_path, cache):
 
 
 def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, cache):
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
-    be = FakeBackend(VARIANTS)
-    sel, h = _fresh(url)
-    _fill(sel, be, np.random.default_rng(4), 200)
-    h.flush()
-    _fresh(url)[0].index(be)
-    snapshot.save_all()
+    url, be, sel, h = _saved(tmp_path, 4)
     (path,) = (cache / "selection").glob("*.json")
     os.chmod(path, 0o620)  # writable by the group: never read
     assert _fresh(url)[0].index(be).view.start_id == 0
@@ -188,11 +184,7 @@ def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, cache):
 
 
 def test_no_file_where_the_cache_folder_is_missing_or_shared(tmp_path, cache):
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
-    be = FakeBackend(VARIANTS)
-    sel, h = _fresh(url)
-    _fill(sel, be, np.random.default_rng(6), 200)
-    h.flush()
+    url, be, sel, h = _filled(tmp_path, 6)
     os.chmod(cache, 0o770)  # writable by the group: not a place to read aggregates from
     _fresh(url)[0].index(be)
     snapshot.save_all()
