@@ -704,3 +704,16 @@ def test_viterbi_on_lists_and_arrays_agree(K):
     best = max(value(np.array(p)) for p in np.ndindex(*([K] * 9))) if K <= 2 else None
     if best is not None:
         assert value(path) == pytest.approx(best)
+
+
+def test_balanced_shares_cover_every_item_once_and_even_the_load():
+    rng = np.random.default_rng(3)
+    cost = list(rng.integers(1, 1000, 57).astype(float))
+    shares = cluster._balanced_shares(cost, 2)
+    assert sorted(i for s in shares for i in s) == list(range(57))
+    loads = [sum(cost[i] for i in s) for s in shares]
+    assert max(loads) - min(loads) <= max(cost)  # greedy largest-first: within one item
+    interleaved = [sum(cost[i::2]) for i in range(2)]
+    assert max(loads) <= max(interleaved)
+    assert shares == cluster._balanced_shares(cost, 2)  # deterministic
+    assert cluster._balanced_shares([5.0], 3) == [[0]]  # no empty shares
