@@ -26,6 +26,7 @@ import atexit
 import hashlib
 import json
 import logging
+import math
 import os
 import stat
 import threading
@@ -43,7 +44,7 @@ RESAVE_ROWS = 2000
 ANCHORS = 32
 
 _lock = threading.Lock()
-_to_save: dict = {}  # path -> (index, captured state, view rows at capture)
+_to_save: dict = {}  # path -> (index, the document to write: its state captured when noted)
 _hooked: list = []
 
 
@@ -114,6 +115,12 @@ def load(history, device_id: str):
         return None
 
 
+def problem_class_of(row) -> int:
+    """The N class the history's per-class bound counts a row in (half-octaves of N, of the call's
+    N for a sampled timing)."""
+    return round(2 * math.log2(max(row.sampled_from or row.N, 1)))
+
+
 def capture(idx, history, device_id: str) -> None:
     """Note ``idx`` (just folded from every stored row of the device) to be saved at exit."""
     rows = idx.view.rows
@@ -126,7 +133,7 @@ def capture(idx, history, device_id: str) -> None:
     # history holds none of them (uids are random)
     anchors, keys = [], set()
     for r in sorted(rows, key=lambda r: r.id, reverse=True):
-        k = (r.variant, r.cvtype, r.dtype, r.D, r.M, r.sampled_from is not None, r.N if r.sampled_from is None else 0)
+        k = (r.variant, r.cvtype, r.dtype, r.D, r.M, r.sampled_from is not None, problem_class_of(r))
         if k not in keys:
             keys.add(k)
             anchors.append([int(r.id), r.uid])
