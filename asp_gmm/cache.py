@@ -47,10 +47,9 @@ import time
 import warnings
 from pathlib import Path
 
-import platformdirs
 
 from ._version import __version__
-from .config import cache_root, settings
+from .config import cache_root, default_cache_dir, settings
 from .errors import CacheError, CompileError, UnsafeCacheError
 from .runtime import default_runtime
 
@@ -69,7 +68,7 @@ def _configured() -> tuple:
 
 
 def _private_dir() -> Path:
-    return Path(platformdirs.user_cache_dir("asp_gmm")).absolute()
+    return default_cache_dir()
 
 
 def _describe(path: Path, origin: str) -> str:

@@ -233,6 +233,13 @@ def cache_root():
     env = settings().cache_dir
     if env:
         return Path(env).expanduser().absolute(), "ASP_GMM_CACHE_DIR"
+    return default_cache_dir(), "default"
+
+
+def default_cache_dir():
+    """The user cache folder of platformdirs (the compile cache without ``$ASP_GMM_CACHE_DIR``)."""
+    from pathlib import Path
+
     import platformdirs
 
-    return Path(platformdirs.user_cache_dir("asp_gmm")).absolute(), "default"
+    return Path(platformdirs.user_cache_dir("asp_gmm")).absolute()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import lite
 from .errors import HistoryError, SchemaMismatchError
-from .forksafe import GATE, dispose_quietly
+from .forksafe import GATE, dispose, dispose_quietly
 from .schema import SCHEMA_TABLE, SCHEMA_VERSION
 from .values import _now
 
@@ -210,12 +210,10 @@ class _Engine:
                 # PostgreSQL: another process may have created the tables between our check and ours
                 version = self._run(create_or_check, "open")
         except HistoryError:
-            with GATE.inside():
-                self._engine_obj.dispose()
+            dispose(self._engine_obj)
             raise
         if version != SCHEMA_VERSION:
-            with GATE.inside():
-                self._engine_obj.dispose()
+            dispose(self._engine_obj)
             raise SchemaMismatchError(
                 f"the tuning history {self.where} has schema version {version}, this asp_gmm uses "
                 f"{SCHEMA_VERSION}; export what you need with the asp_gmm that wrote it, then {self._fix()}"

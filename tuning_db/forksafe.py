@@ -58,11 +58,6 @@ class Gate:
                     self._inside[me] = depth
                 self._cond.notify_all()
 
-    def busy(self) -> int:
-        """How many threads are inside now."""
-        with self._cond:
-            return len(self._inside)
-
     # ------------------------------------------------------------------ fork hooks
     def before_fork(self) -> None:
         me = threading.get_ident()
@@ -91,13 +86,18 @@ class Gate:
         self.__init__()
 
 
+def dispose(engine) -> None:
+    """Close an engine's pooled connections inside the gate (closing an SQLite file takes the lock a
+    forked child would inherit)."""
+    with GATE.inside():
+        engine.dispose()
+
+
 def dispose_quietly(engine) -> None:
-    """Close an engine's pooled connections inside the gate: a history's finaliser, so that a
-    connection is never closed by the garbage collector on some thread while another forks (closing
-    an SQLite file takes the lock a forked child would inherit)."""
+    """:func:`dispose` as a history's finaliser, so that a connection is never closed by the garbage
+    collector on some thread while another forks; never raises."""
     try:
-        with GATE.inside():
-            engine.dispose()
+        dispose(engine)
     except Exception:  # noqa: BLE001 - a finaliser never raises
         pass
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from . import lite
 from .engine import _Engine
-from .forksafe import GATE
+from .forksafe import GATE, dispose
 from .reads import _Reads, DeviceView  # noqa: F401
 from .transfer import _Transfer
 from .schema import SCHEMA_VERSION
@@ -118,6 +118,5 @@ class History(_Engine, _Writes, _Reads, _Transfer):
         """Flush and release the connections."""
         self.flush()
         if self._engine_obj is not None:
-            with GATE.inside():
-                self._engine_obj.dispose()
+            dispose(self._engine_obj)
         _registry().histories.discard(self)

@@ -24,6 +24,12 @@ EXPORT_FORMAT = "asp_gmm-history"
 KEEP_PER_CLASS = 16
 
 
+def bound_class(N, sampled_from=None) -> int:
+    """The N class the per-class bound (and the selection) groups a timing in: half-octaves of N,
+    of the call's N (``sampled_from``) for a timing on a sample."""
+    return round(2 * math.log2(max(sampled_from or N or 1, 1)))
+
+
 def canonical_json(obj) -> str:
     """Stable text of a JSON-able value (sorted keys, no spaces): used in stored keys."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import math
 import os
 import threading
 import time
@@ -13,7 +12,7 @@ from . import lite
 from .devices import device_of
 from .forksafe import GATE
 from .schema import STATUSES
-from .values import Row, VariantKey, _now, canonical_json, log
+from .values import Row, VariantKey, _now, bound_class, canonical_json, log
 
 
 class _OpenHistories:
@@ -220,7 +219,7 @@ class _Writes:
         for r in reversed(rows):  # newest first: the batch's own oldest beyond the bound are dropped
             if r.status == "ok":
                 k = (r.device_id, r.variant, r.cvtype, r.dtype, r.D, r.M)
-                cls = (round(2 * math.log2(max(r.sampled_from or r.N, 1))), r.sampled_from is not None)
+                cls = (bound_class(r.N, r.sampled_from), r.sampled_from is not None)
                 touched.setdefault(k, {}).setdefault(cls, 0)
                 if touched[k][cls] >= keep:
                     skip.add(r.uid)
@@ -234,7 +233,7 @@ class _Writes:
             drop = []
             for id_, N, sf in ops.ok_timings(dev, vid, cv, dt, D, M):  # newest first
                 sf = sf if isinstance(sf, int) and sf > 0 else None
-                cls = (round(2 * math.log2(max(sf or N or 1, 1))), sf is not None)
+                cls = (bound_class(N, sf), sf is not None)
                 if cls not in classes:
                     continue
                 seen[cls] = seen.get(cls, 0) + 1

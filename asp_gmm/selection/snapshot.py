@@ -26,11 +26,12 @@ import atexit
 import hashlib
 import json
 import logging
-import math
 import os
 import stat
 import threading
 from pathlib import Path
+
+from ..tuning_db.values import bound_class
 
 log = logging.getLogger("asp_gmm")
 
@@ -84,24 +85,16 @@ def load(history, device_id: str):
     p = _path(history, device_id)
     if p is None:
         return None
-    try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            log.debug("asp_gmm: ignoring %s (not a private file of yours)", p)
-            return None
-        with os.fdopen(fd, "rb") as f:
-            fd = None
+    try:  # not followed if a link; read only when this user's and no one else can write it
+        with open(p, "rb", opener=lambda path, flags: os.open(path, flags | getattr(os, "O_NOFOLLOW", 0))) as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                log.debug("asp_gmm: ignoring %s (not a private file of yours)", p)
+                return None
             doc = json.loads(f.read())
     except (OSError, ValueError) as exc:
         log.debug("asp_gmm: ignoring the saved selection aggregates %s (%s)", p, exc)
         return None
-    finally:
-        if fd is not None:
-            os.close(fd)
     try:
         if doc.get("format") != FORMAT or doc.get("url") != history.url or doc.get("device_id") != device_id:
             return None
@@ -113,12 +106,6 @@ def load(history, device_id: str):
         return doc["state"], max_id
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def problem_class_of(row) -> int:
-    """The N class the history's per-class bound counts a row in (half-octaves of N, of the call's
-    N for a sampled timing)."""
-    return round(2 * math.log2(max(row.sampled_from or row.N, 1)))
 
 
 def capture(idx, history, device_id: str) -> None:
@@ -133,7 +120,7 @@ def capture(idx, history, device_id: str) -> None:
     # history holds none of them (uids are random)
     anchors, keys = [], set()
     for r in sorted(rows, key=lambda r: r.id, reverse=True):
-        k = (r.variant, r.cvtype, r.dtype, r.D, r.M, r.sampled_from is not None, problem_class_of(r))
+        k = (r.variant, r.cvtype, r.dtype, r.D, r.M, r.sampled_from is not None, bound_class(r.N, r.sampled_from))
         if k not in keys:
             keys.add(k)
             anchors.append([int(r.id), r.uid])
