@@ -22,7 +22,7 @@ import numpy as np
 
 from . import cuda_arrays, streaming
 from .batch_driver import BatchSpecializer
-from .errors import BatchMemberError
+from .errors import BatchMemberError, NonFiniteError
 from .fit.data import Data
 from .gmm import GMM, check_data, merged_model
 
@@ -96,15 +96,16 @@ def _check_models(models, what: str) -> list:
     return models
 
 
-def _host(X, g: GMM, b: int, method: str, min_events: int):
-    """Member ``b``'s data checked like ``GMM.train``/``score`` does, its messages naming the member."""
+def _host(X, g: GMM, b: int, method: str, min_events: int, device_checks: bool = False):
+    """Member ``b``'s data checked like ``GMM.train``/``score`` does, its messages naming the member
+    (``device_checks``: no host pass for NaN/inf, see :func:`_recheck`)."""
     if streaming.is_source(X) and not isinstance(X, np.ndarray):
         raise ValueError(
             f"datasets[{b}] is a chunk source; a batched call takes in-memory arrays (train it alone with GMM.train)"
         )
     if cuda_arrays.is_cuda_array(X):
         X = cuda_arrays.to_host(X)
-    return check_data(X, g.D, g.dtype, min_events, name=f"datasets[{b}]", method=method)
+    return check_data(X, g.D, g.dtype, min_events, name=f"datasets[{b}]", method=method, device_checks=device_checks)
 
 
 class Rows:
@@ -200,17 +201,27 @@ def _concat(X: Concat, g: GMM, b: int, seen: dict) -> Concat:
     return Concat(*parts)
 
 
-def _member(X, g: GMM, b: int, seen: dict, method: str = "train", need: int | None = None, checked: bool = False):
+def _member(
+    X,
+    g: GMM,
+    b: int,
+    seen: dict,
+    method: str = "train",
+    need: int | None = None,
+    checked: bool = False,
+    device_checks: bool = False,
+):
     """Member ``b``'s data checked as ``GMM.train`` checks its X (a :class:`Concat`'s parts and a
     :class:`Rows`' array once per call through ``seen``; ``checked``: a plain array already
-    checked), with at least ``need`` (default M) events; messages name the member."""
+    checked; ``device_checks``: a plain array's NaN/inf left to the batch, see :func:`_recheck`),
+    with at least ``need`` (default M) events; messages name the member."""
     need = g.M if need is None else need
     if isinstance(X, Concat):
         X = _concat(X, g, b, seen)
     elif isinstance(X, Rows):
         X = _rows(X, g, b, seen)
     elif not checked:
-        X = _host(X, g, b, method, need)
+        X = _host(X, g, b, method, need, device_checks)
     if X.shape[0] < need:
         raise ValueError(
             f"datasets[{b}] has N={X.shape[0]} events, fewer than the M={g.M} components; "
@@ -236,6 +247,25 @@ def _members(datasets, models):
                 return [X[b] for b in range(X.shape[0])], True
         return [datasets[b] for b in range(datasets.shape[0])], False
     return list(datasets), False
+
+
+def _defer_finite_check(X, g: GMM, checked: bool) -> bool:
+    """Whether member data X is left unscanned for NaN/inf on the host: a plain array of a model
+    whose backend checks on the device (CUDA, parameters given: no seeding reads X first). A bad
+    value then makes the member's first log-likelihood non-finite, and :func:`_recheck` names it."""
+    return not checked and isinstance(X, np.ndarray) and g._device_checks(True)
+
+
+def _recheck(given, g: GMM, b: int, exc: BaseException) -> BaseException:
+    """A member that failed non-finite after its data went unscanned: the host's message when the
+    data holds NaN/inf (or values beyond the dtype), else ``exc``. Scans only failed members."""
+    if not isinstance(exc, NonFiniteError):
+        return exc
+    try:
+        check_data(given, g.D, g.dtype, 1, name=f"datasets[{b}]", method="train")
+    except ValueError as bad:
+        return bad
+    return exc
 
 
 def _raise_if(errors: dict, results: list, what: str):
@@ -290,10 +320,14 @@ def train_many(
     if not models:
         return []
     errors, ok, Xs = {}, [], []
+    unscanned: dict = {}  # member -> its data as given, where NaN/inf is left to the device
     seen: dict = {}  # id(part) -> (part, checked part): an array in several members is checked once
     for b, (g, X) in enumerate(zip(models, datasets)):
         try:
-            X = _member(X, g, b, seen, checked=checked)
+            defer = _defer_finite_check(X, g, checked)
+            if defer:
+                unscanned[b] = X
+            X = _member(X, g, b, seen, checked=checked, device_checks=defer)
             if g.means is None or g.covars is None or g.weights is None:  # seeded from the rows themselves
                 g._seed(Data("host", _on_host(X), X.shape[0]))
         except (ValueError, TypeError) as exc:
@@ -315,7 +349,7 @@ def train_many(
     out = [None] * len(models)
     for b, X, r in zip(ok, Xs, res):
         if isinstance(r, BaseException):
-            errors[b] = r
+            errors[b] = _recheck(unscanned[b], models[b], b, r) if b in unscanned else r
             continue
         g = models[b]
         g.weights = r.weights.astype(g.dtype)

@@ -567,3 +567,43 @@ def test_prepare_prepares_every_class_beside_its_kernels(monkeypatch):
     spec.prepare(bps)
     first_wait = next(i for i, e in enumerate(events) if e[0] == "wait")
     assert sorted(m for k, m in events[:first_wait] if k == "class") == [2, 4]
+
+
+@pytest.mark.parametrize("backend", ["c", "numpy"])
+def test_bad_values_left_to_the_batch_are_named_as_the_host_names_them(backend, rng, monkeypatch):
+    """Where the backend checks data on the device (CUDA: GMM._device_checks), train_many makes no
+    host pass for NaN/inf: a bad member fails non-finite in the batch and only it is scanned then,
+    its error the host check's (row, column; a float64 value beyond float32 named as such); the
+    others are trained. Here the C and NumPy backends stand in for the device (the flag forced)."""
+    from asp_gmm import many as many_mod
+    from asp_gmm.gmm import GMM as GMMClass
+
+    monkeypatch.setattr(GMMClass, "_device_checks", lambda self, seeding=False: True)
+    scanned = []
+    real_first = many_mod.check_data
+
+    def spy(X, *a, **k):
+        if not k.get("device_checks"):
+            scanned.append(k.get("name"))
+        return real_first(X, *a, **k)
+
+    monkeypatch.setattr(many_mod, "check_data", spy)
+    D = 3
+    data = [make_blobs(rng, n, D, 2).astype(np.float32) for n in (80, 120, 60)]
+    params = [init_params(rng, X, 2, "diag") for X in data]
+    data[1] = data[1].copy()
+    data[1][5, 2] = np.nan
+    big = data[2].astype(np.float64)
+    big[7, 0] = 1e39  # finite in float64, infinite in float32
+    data[2] = big
+    models = _models(params, D, "diag", np.float32, backend)
+    with pytest.raises(BatchMemberError) as info:
+        train_many(models, data, min_em_iters=2, max_em_iters=2, tol=0.0)
+    errs = info.value.errors
+    assert set(errs) == {1, 2}
+    assert isinstance(errs[1], ValueError) and "datasets[1] contains NaN or infinity (first at row 5, column 2)" in str(
+        errs[1]
+    )
+    assert "datasets[2] has values beyond the float32 range (first at row 7, column 0" in str(errs[2])
+    assert scanned == ["datasets[1]", "datasets[2]"]  # only the failed members, after the batch
+    assert info.value.results[0] is not None and np.isfinite(models[0].loglik)

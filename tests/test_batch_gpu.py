@@ -106,6 +106,9 @@ def test_gpu_convergence_and_bad_member(rng):
     with pytest.raises(BatchMemberError) as info:
         train_many(many, data, min_em_iters=1, max_em_iters=40, tol=1e-3)
     assert set(info.value.errors) == {1, 3}
+    # its NaN found on the device (no host scan of the members' data), named as the host check names it
+    err = info.value.errors[1]
+    assert isinstance(err, ValueError) and "datasets[1] contains NaN or infinity (first at row 3, column 0)" in str(err)
     alone = _models(params, D, "diag")
     for b in (0, 2, 4, 5):
         alone[b].train(data[b], min_em_iters=1, max_em_iters=40, tol=1e-3)

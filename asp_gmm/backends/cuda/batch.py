@@ -14,6 +14,7 @@ members that are done or failed are switched off for the next launches.
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -34,10 +35,25 @@ SIGNATURES = {
 }
 #: the split M-step's kernels (GBS: manifests with ``derived split = 1``)
 SPLIT_SIGNATURES = {
-    "asp_batch_msum1": "PPPPPPPPP",
-    "asp_batch_msum2": "PPPPPPPPP",
-    "asp_batch_mfinal": "PPPPPPPPPPP",
+    "asp_batch_msum": "PPPPPPPPPPP",
+    "asp_batch_mfinal": "PPPPPPPPPPPP",
 }
+#: threads of a block of the kernels that factor covariances (a warp per component)
+FACTOR_THREADS = (32, 1, 1)
+
+
+def prec_cells(D: int, full: bool) -> int:
+    """Values of one component's E-step factor on the device (``NCELLSP`` of the template): full,
+    the upper factor's columns each padded to a multiple of 4; diag, D."""
+    return sum((j + 4) // 4 * 4 for j in range(D)) if full else D
+
+
+def msum_blocks(D: int, MP: int, full: bool, threads: int) -> int:
+    """Blocks a chunk of GBS's sums (``NPG`` of the template): a thread a (component, tile of
+    cells) pair, full covariances cut into 4 x 4 tiles of the lower triangle, diag a dimension."""
+    tr = -(-D // 4)
+    tiles = tr * (tr + 1) // 2 if full else D
+    return -(-MP * tiles // threads)
 
 
 def is_split(variant) -> bool:
@@ -63,6 +79,7 @@ class CudaBatchSupport(BatchSupport):
         super().__init__(backend)
         self._mods: dict = {}
         self._ready: set = set()  # keys whose binaries are in the compile cache
+        self._absent: dict = {}  # key -> when its binary was last found missing (time.monotonic)
         self._lock = threading.Lock()
 
     def tunables_for(self, variant, problem):
@@ -87,8 +104,15 @@ class CudaBatchSupport(BatchSupport):
         key = self._key(variant, tun, problem)
         if key in self._mods or key in self._ready:
             return True
+        now = time.monotonic()
+        if now - self._absent.get(key, -_ABSENT_S) < _ABSENT_S:
+            return False
         src, name = self._source(variant, tun, problem)
         if not is_cached(src, self.backend.device.arch, name):
+            # not compiled: a compile in this process goes through kernel() (then in _mods); one by
+            # another process is seen within _ABSENT_S. Every call asked again for each untried
+            # configuration, rendering its source: 1.6 ms of a 10 ms batched call of 32 members
+            self._absent[key] = now
             return False
         # in the disk cache: stays so (entries are only ever added or rebuilt). Asked for every
         # candidate on every call, the source's look-up and the cache's checks cost 2.4 ms of a
@@ -140,6 +164,9 @@ def upload_problem(N: int, D: int) -> Problem:
     return Problem(N, D, 1, "diag", "float32")
 
 
+#: seconds a configuration found not compiled is taken as such without looking again
+_ABSENT_S = 5.0
+
 #: byte alignment of the buffers carved from a session's one allocation
 _ALIGN = 256
 
@@ -154,7 +181,7 @@ class CudaBatchSession(BatchSession):
         _mod, self.fns, bp = kernel.handle
         self.threads = int(kernel.tunables["threads"])
         # GBS: the M-step over chunks of `chunk` events (a chunk table like the E-step's blocks)
-        self.chunk = int(kernel.tunables["chunk"]) if "asp_batch_msum1" in self.fns else 0
+        self.chunk = int(kernel.tunables["chunk"]) if "asp_batch_msum" in self.fns else 0
         self.D, self.MP, self.full = bp.D, bp.M, bp.cvtype == "full"
         self.cells = self.D * (self.D + 1) // 2 if self.full else self.D
         B, T = len(problems), self.threads
@@ -238,10 +265,21 @@ class CudaBatchSession(BatchSession):
         # of eighteen: the 1-hour diarization opens 86 sessions), the members' index arrays copied
         # up in one transfer; the distinct parts (S) last
         index = [xoff.astype(np.int32), self.off, blk_member, blk_first, self.mcount, chk_member, chk_first]
-        self.acc_words = 2 * B * MP * (1 + D + C) if self.chunk else 0  # GBS's sums (doubles)
+        # GBS's sums (doubles), then the members' shifts [B][D]
+        self.acc_words = 2 * B * MP * (1 + D + C) + 2 * B * D if self.chunk else 0
         sizes = [rows * D * 4] + [a.nbytes for a in index]
         sizes += [max(ntot, 1) * MP * 4, max(ntot, 1) * 4, B * MP * 8, B * MP * D * 8, B * MP * C * 8]
-        sizes += [B * MP * D * 4, B * MP * C * 4, B * MP * 4, B * 8, B * 4, B * 4, B * 8, srows * D * 4, nidx * 4]
+        sizes += [
+            B * MP * D * 4,
+            B * MP * prec_cells(D, self.full) * 4,
+            B * MP * 4,
+            B * 8,
+            B * 4,
+            B * 4,
+            B * 8,
+            srows * D * 4,
+            nidx * 4,
+        ]
         sizes += [self.acc_words * 4]
         offs, total = [], 0
         for n in sizes:
@@ -373,7 +411,7 @@ class CudaBatchSession(BatchSession):
             self.drv.memset_d32(self.bad, 0, B)
             self.fns["asp_batch_factor"].prepared_call(
                 (B * MP, 1, 1),
-                (self.threads, 1, 1),
+                FACTOR_THREADS,
                 self.act,
                 self.d_mcount,
                 self.mu,
@@ -491,21 +529,23 @@ class CudaBatchSession(BatchSession):
         return bad
 
     def _mstep_split(self):
-        """GBS: the M-step in three launches over chunks of the members' events (see the
+        """GBS: the M-step in two launches over chunks of the members' events (see the
         template's GBS section); the sums are zeroed first."""
         B, MP, T = len(self.problems), self.MP, (self.threads, 1, 1)
+        shift = self.acc + 8 * B * MP * (1 + self.D + self.cells)  # the members' shifts, after the sums
         self.drv.memset_d32(self.acc, 0, self.acc_words)
         if self.nchunks:
             args = (self.X, self.d_xoff, self.d_off, self.d_chk_member, self.d_chk_first, self.act, self.d_mcount)
-            self.fns["asp_batch_msum1"].prepared_call((self.nchunks, MP, 1), T, *args, self.resp, self.acc)
-            self.fns["asp_batch_msum2"].prepared_call((self.nchunks, MP, 1), T, *args, self.resp, self.acc)
+            grid = (self.nchunks, msum_blocks(self.D, MP, self.full, self.threads), 1)
+            self.fns["asp_batch_msum"].prepared_call(grid, T, *args, self.resp, self.mu, self.acc, shift)
         self.fns["asp_batch_mfinal"].prepared_call(
             (B * MP, 1, 1),
-            T,
+            FACTOR_THREADS,
             self.act,
             self.d_mcount,
             self.reg,
             self.acc,
+            shift,
             *self._mstep_out(),
         )
 
