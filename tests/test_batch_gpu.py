@@ -50,15 +50,16 @@ def _models(params, D, cvtype):
     [(2, "full", 128), (19, "full", 128), (19, "diag", 128), (1, "diag", 128), (19, "full", 256), (7, "diag", 256)],
 )
 @pytest.mark.parametrize("variant, chunk", [("GB", None), ("GBS", 2048), ("GBS", 512)])
-def test_gb_against_reference(D, cvtype, threads, variant, chunk, rng):
+@pytest.mark.parametrize("ept", [1, 2])
+def test_gb_against_reference(D, cvtype, threads, variant, chunk, ept, rng):
     """GB and GBS (its M-step over chunks: 512 splits the 4 099-event member in 9, a 50-event
-    member is one chunk) against the float64 reference."""
+    member is one chunk), one and two events a thread of the E-step, against the float64 reference."""
     data, params = _batch(rng, D, cvtype)
     many = _models(params, D, cvtype)
     problems = [g._problem(len(X)) for g, X in zip(many, data)]
     view = batch_support(many[0]._specializer.backend)
     v = registry.get("cuda", variant, "batch")
-    tun = {"threads": threads} if chunk is None else {"threads": threads, "chunk": chunk}
+    tun = {"threads": threads, "ept": ept} if chunk is None else {"threads": threads, "ept": ept, "chunk": chunk}
     kernel = view.support.kernel(v, tun, BatchProblem.of(problems))
     s = view.support.open(data, problems, kernel)
     try:

@@ -5,6 +5,7 @@ one per D, prepared with the classes."""
 import contextlib
 import threading
 
+import numpy as np
 import pytest
 
 from asp_gmm import registry
@@ -107,3 +108,47 @@ def test_a_class_found_in_the_compile_cache_is_remembered(monkeypatch):
     clock["t"] += cb._ABSENT_S
     assert support.is_ready(gb, tun, bp) and support.is_ready(gb, tun, bp) and support.is_ready(gb, tun, bp)
     assert len(asked) == 2  # asked again once the absence expired, found, then remembered
+
+
+class _FakeDrv:
+    """Device memory as one host byte array (a pointer is an offset into it); page-locked buffers
+    as plain arrays, each allocation counted."""
+
+    def __init__(self, nbytes):
+        self.mem = np.zeros(nbytes, np.uint8)
+        self.allocs, self.copies = [], []
+
+    def pagelocked_empty(self, n, dtype):
+        self.allocs.append(n)
+        return np.full(n, 0xEE, dtype)  # garbage where no part writes
+
+    def memcpy_htod(self, dst, src):
+        b = np.frombuffer(src, np.uint8)
+        self.copies.append((dst, b.nbytes))
+        self.mem[dst : dst + b.nbytes] = b
+
+
+@pytest.mark.parametrize("piece_rows", [None, 7])
+def test_pinned_rows_put_every_part_at_its_rows(piece_rows, monkeypatch):
+    """PinnedRows copies the members' arrays (float32 or converted float64) into the page-locked
+    buffer at their rows and sends the span up, in pieces when it exceeds PINNED_MAX: every part's
+    rows arrive intact, converted to float32, and the buffer is allocated once for many calls."""
+    rng = np.random.default_rng(7)
+    D = 3
+    dev = _Device()
+    dev.drv = _FakeDrv(4 * D * 200)
+    if piece_rows is not None:
+        monkeypatch.setattr(cb, "PINNED_MAX", piece_rows * 4 * D)
+    pinned = cb.PinnedRows(dev)
+    parts = [rng.standard_normal((n, D)).astype(dt) for n, dt in ((5, np.float32), (11, np.float64), (1, np.float32))]
+    starts = [10, 15, 40]  # rows 26..39 belong to no part (a joined member, written later)
+    for _ in range(3):
+        pinned.upload(0, D, starts, parts)
+    X = dev.drv.mem.view(np.float32).reshape(-1, D)
+    for s, p in zip(starts, parts):
+        np.testing.assert_array_equal(X[s : s + len(p)], p.astype(np.float32))
+    assert not X[:10].any() and not X[41:].any()  # nothing outside the span
+    assert len(dev.drv.allocs) == 1  # kept between uploads
+    if piece_rows is not None:
+        assert all(n <= piece_rows * 4 * D for _, n in dev.drv.copies)
+        assert len(dev.drv.copies) == 3 * -(-31 // piece_rows)
