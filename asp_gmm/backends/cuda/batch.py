@@ -50,10 +50,12 @@ def prec_cells(D: int, full: bool) -> int:
 
 def msum_blocks(D: int, MP: int, full: bool, threads: int) -> int:
     """Blocks a chunk of GBS's sums (``NPG`` of the template): a thread a (component, tile of
-    cells) pair, full covariances cut into 4 x 4 tiles of the lower triangle, diag a dimension."""
+    cells) pair (fewer pairs than threads: one block, the pairs' events split between threads),
+    full covariances cut into 4 x 4 tiles of the lower triangle, diag a dimension."""
     tr = -(-D // 4)
     tiles = tr * (tr + 1) // 2 if full else D
-    return -(-MP * tiles // threads)
+    pairs = MP * tiles
+    return -(-pairs // min(pairs, threads))
 
 
 def is_split(variant) -> bool:
