@@ -10,6 +10,7 @@ import pytest
 
 from asp_gmm import registry
 from asp_gmm.backends.cuda import batch as cb
+from asp_gmm.backends.cuda import staging
 from asp_gmm.problem import BatchProblem, Problem
 
 
@@ -138,8 +139,8 @@ def test_pinned_rows_put_every_part_at_its_rows(piece_rows, monkeypatch):
     dev = _Device()
     dev.drv = _FakeDrv(4 * D * 200)
     if piece_rows is not None:
-        monkeypatch.setattr(cb, "PINNED_MAX", piece_rows * 4 * D)
-    pinned = cb.PinnedRows(dev)
+        monkeypatch.setattr(staging, "PINNED_MAX", piece_rows * 4 * D)
+    pinned = staging.PinnedRows(dev)
     parts = [rng.standard_normal((n, D)).astype(dt) for n, dt in ((5, np.float32), (11, np.float64), (1, np.float32))]
     starts = [10, 15, 40]  # rows 26..39 belong to no part (a joined member, written later)
     for _ in range(3):

@@ -25,42 +25,8 @@ from ..base import Kernel
 from ..batch_base import BatchRuns, BatchSession, BatchSupport, DeviceStack
 from .backend import component_class
 from .compile import binary_name, cubin_path, is_cached, load_module, render_source
-
-#: pycuda argument signatures of the batched kernels (P: a device pointer)
-SIGNATURES = {
-    "asp_batch_factor": "PPPPPPPP",
-    "asp_batch_estep": "PPPPPPPPPPPPPP",
-    "asp_batch_mstep": "PPPPPPPPPPPPPP",
-    "asp_batch_gather": "PiPiP",
-}
-#: the split M-step's kernels (GBS: manifests with ``derived split = 1``)
-SPLIT_SIGNATURES = {
-    "asp_batch_msum": "PPPPPPPPPPP",
-    "asp_batch_mfinal": "PPPPPPPPPPPP",
-}
-#: threads of a block of the kernels that factor covariances (a warp per component)
-FACTOR_THREADS = (32, 1, 1)
-
-
-def prec_cells(D: int, full: bool) -> int:
-    """Values of one component's E-step factor on the device (``NCELLSP`` of the template): full,
-    the upper factor's columns each padded to a multiple of 4; diag, D."""
-    return sum((j + 4) // 4 * 4 for j in range(D)) if full else D
-
-
-def msum_blocks(D: int, MP: int, full: bool, threads: int) -> int:
-    """Blocks a chunk of GBS's sums (``NPG`` of the template): a thread a (component, tile of
-    cells) pair (fewer pairs than threads: one block, the pairs' events split between threads),
-    full covariances cut into 4 x 4 tiles of the lower triangle, diag a dimension."""
-    tr = -(-D // 4)
-    tiles = tr * (tr + 1) // 2 if full else D
-    pairs = MP * tiles
-    return -(-pairs // min(pairs, threads))
-
-
-def is_split(variant) -> bool:
-    """Whether the batched variant runs the M-step split over chunks of events (GBS)."""
-    return str(variant.extra.get("derived", {}).get("split", "0")).strip() == "1"
+from .batch_layout import FACTOR_THREADS, SIGNATURES, SPLIT_SIGNATURES, is_split, msum_blocks, prec_cells
+from .staging import PINNED_FROM, PinnedRows
 
 
 def binary_problem(problem) -> Problem:
@@ -167,67 +133,11 @@ def upload_problem(N: int, D: int) -> Problem:
     return Problem(N, D, 1, "diag", "float32")
 
 
-#: bytes of plain members' rows from which a batch goes up through :class:`PinnedRows`
-PINNED_FROM = 1 << 20
-#: the page-locked buffer's largest size (a larger span goes up in pieces of this)
-PINNED_MAX = 64 << 20
-
 #: seconds a configuration found not compiled is taken as such without looking again
 _ABSENT_S = 5.0
 
 #: byte alignment of the buffers carved from a session's one allocation
 _ALIGN = 256
-
-
-class PinnedRows:
-    """Members' rows up to the device through one page-locked host buffer, kept for the backend's
-    life (grown to at most :data:`PINNED_MAX`; larger spans go up in pieces): the members are
-    copied into it on the runtime's host threads, then one DMA a piece. A pageable copy runs at
-    ~5 GB/s (the driver stages it itself): 3.4 ms of a 10 ms call for a 32-member diarization
-    batch's 17 MB. Thread-safe: uploads take turns."""
-
-    def __init__(self, dev):
-        self._dev = dev
-        self._buf = None
-        self._lock = threading.Lock()
-
-    def _ensure(self, nbytes: int):
-        if self._buf is None or self._buf.nbytes < nbytes:
-            self._buf = None  # (freed when collected)
-            self._buf = self._dev.drv.pagelocked_empty(max(nbytes, 1 << 20), np.uint8)
-        return self._buf
-
-    def upload(self, dst: int, D: int, starts: list, parts: list) -> None:
-        """Each float array ``parts[i]`` (n_i, D) to rows ``starts[i]`` of the float32 device array
-        at ``dst`` (rows of D values): the span from the lowest to the highest row goes up whole (rows
-        of the span no part covers get whatever the buffer held: the caller writes them later)."""
-        from ...runtime import default_runtime
-
-        row = 4 * D
-        lo = min(starts)
-        hi = max(s + len(p) for s, p in zip(starts, parts))
-        per = max(1, min(hi - lo, PINNED_MAX // row))  # rows a piece
-        drv = self._dev.drv
-        rt = default_runtime()
-        nested = threading.current_thread().name.startswith("asp_gmm-host")
-        with self._lock:
-            buf = self._ensure(per * row)
-            view = buf[: per * row].view(np.float32).reshape(per, D)
-            for p0 in range(lo, hi, per):
-                p1 = min(hi, p0 + per)
-                jobs = [(s, p) for s, p in zip(starts, parts) if s < p1 and s + len(p) > p0]
-
-                def put(job, p0=p0, p1=p1):
-                    s, p = job
-                    a, b = max(s, p0), min(s + len(p), p1)
-                    np.copyto(view[a - p0 : b - p0], p[a - s : b - s], casting="same_kind")
-
-                if nested or len(jobs) < 2:
-                    for job in jobs:
-                        put(job)
-                else:
-                    rt.host_map(put, jobs)
-                drv.memcpy_htod(dst + p0 * row, buf[: (p1 - p0) * row])
 
 
 class CudaBatchSession(BatchSession):

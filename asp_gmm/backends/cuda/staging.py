@@ -230,3 +230,60 @@ class Staging:
             from ... import cuda_arrays
 
             raise NonFiniteInputError.at(X, bad, dtype, line=cuda_arrays.rows(X, np.array([bad]))[0])
+
+
+#: bytes of plain members' rows from which a batch goes up through :class:`PinnedRows`
+PINNED_FROM = 1 << 20
+#: the page-locked buffer's largest size (a larger span goes up in pieces of this)
+PINNED_MAX = 64 << 20
+
+
+class PinnedRows:
+    """Members' rows up to the device through one page-locked host buffer, kept for the backend's
+    life (grown to at most :data:`PINNED_MAX`; larger spans go up in pieces): the members are
+    copied into it on the runtime's host threads, then one DMA a piece. A pageable copy runs at
+    ~5 GB/s (the driver stages it itself): 3.4 ms of a 10 ms call for a 32-member diarization
+    batch's 17 MB. Thread-safe: uploads take turns."""
+
+    def __init__(self, dev):
+        self._dev = dev
+        self._buf = None
+        self._lock = threading.Lock()
+
+    def _ensure(self, nbytes: int):
+        if self._buf is None or self._buf.nbytes < nbytes:
+            self._buf = None  # (freed when collected)
+            self._buf = self._dev.drv.pagelocked_empty(max(nbytes, 1 << 20), np.uint8)
+        return self._buf
+
+    def upload(self, dst: int, D: int, starts: list, parts: list) -> None:
+        """Each float array ``parts[i]`` (n_i, D) to rows ``starts[i]`` of the float32 device array
+        at ``dst`` (rows of D values): the span from the lowest to the highest row goes up whole (rows
+        of the span no part covers get whatever the buffer held: the caller writes them later)."""
+        from ...runtime import default_runtime
+
+        row = 4 * D
+        lo = min(starts)
+        hi = max(s + len(p) for s, p in zip(starts, parts))
+        per = max(1, min(hi - lo, PINNED_MAX // row))  # rows a piece
+        drv = self._dev.drv
+        rt = default_runtime()
+        nested = threading.current_thread().name.startswith("asp_gmm-host")
+        with self._lock:
+            buf = self._ensure(per * row)
+            view = buf[: per * row].view(np.float32).reshape(per, D)
+            for p0 in range(lo, hi, per):
+                p1 = min(hi, p0 + per)
+                jobs = [(s, p) for s, p in zip(starts, parts) if s < p1 and s + len(p) > p0]
+
+                def put(job, p0=p0, p1=p1):
+                    s, p = job
+                    a, b = max(s, p0), min(s + len(p), p1)
+                    np.copyto(view[a - p0 : b - p0], p[a - s : b - s], casting="same_kind")
+
+                if nested or len(jobs) < 2:
+                    for job in jobs:
+                        put(job)
+                else:
+                    rt.host_map(put, jobs)
+                drv.memcpy_htod(dst + p0 * row, buf[: (p1 - p0) * row])
