@@ -3,6 +3,8 @@ in parallel threads (only loading is serialised), and the module that uploads a 
 one per D, prepared with the classes."""
 
 import contextlib
+import shutil
+import subprocess
 import threading
 
 import numpy as np
@@ -153,3 +155,44 @@ def test_pinned_rows_put_every_part_at_its_rows(piece_rows, monkeypatch):
     if piece_rows is not None:
         assert all(n <= piece_rows * 4 * D for _, n in dev.drv.copies)
         assert len(dev.drv.copies) == 3 * -(-31 // piece_rows)
+
+
+_NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(_NVCC is None, reason="nvcc is not installed (the host-side constants are read by a host program)")
+@pytest.mark.parametrize(
+    "D, M, cvtype, threads",
+    [
+        (19, 16, "full", 128),
+        (19, 8, "full", 256),
+        (2, 2, "full", 128),
+        (48, 128, "full", 256),
+        (1, 1, "diag", 128),
+        (19, 16, "diag", 256),
+        (300, 64, "diag", 128),
+    ],
+)
+def test_host_sizes_match_the_template(D, M, cvtype, threads, tmp_path):
+    """The session sizes the factor array and launches GBS's sums from cuda/batch_layout.py's
+    prec_cells and msum_blocks; the template defines the same quantities (NCELLSP, NPG) for its
+    kernels. A host program built from the rendered source prints the template's values: a
+    disagreement would leave prec too small or sums of some (component, tile) pairs never run."""
+    from asp_gmm.backends.cuda import batch_layout
+    from asp_gmm.backends.cuda.compile import render_source
+
+    gbs = registry.get("cuda", "GBS", "batch")
+    tun = {**gbs.default_tunables(), "threads": threads}
+    tun["ept"] = 2 if (cvtype == "full" and D <= 24) or (cvtype == "diag" and D <= 64) else 1
+    src = render_source(gbs, tun, Problem(0, D, M, cvtype, "float32"))
+    main = '\n#include <cstdio>\nint main() { std::printf("%d %d\\n", (int)(NCELLSP), (int)NPG); return 0; }\n'
+    cu = tmp_path / "sizes.cu"
+    cu.write_text(src + main)
+    exe = tmp_path / "sizes"
+    subprocess.run([_NVCC, "-arch=sm_90", "-o", str(exe), str(cu)], check=True, capture_output=True, timeout=300)
+    got = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.split()
+    full = cvtype == "full"
+    assert [int(v) for v in got] == [
+        batch_layout.prec_cells(D, full),
+        batch_layout.msum_blocks(D, M, full, threads),
+    ]
