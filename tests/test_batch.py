@@ -607,3 +607,24 @@ def test_bad_values_left_to_the_batch_are_named_as_the_host_names_them(backend, 
     assert "datasets[2] has values beyond the float32 range (first at row 7, column 0" in str(errs[2])
     assert scanned == ["datasets[1]", "datasets[2]"]  # only the failed members, after the batch
     assert info.value.results[0] is not None and np.isfinite(models[0].loglik)
+
+
+def test_c_batch_cache_lookups_are_remembered(monkeypatch):
+    """The C batch support's is_ready renders a configuration's source and asks the compile cache
+    once for a found binary, and once per ABSENT_S seconds for a missing one (the selection asks
+    for every candidate on every call; each render cost ~1 ms of a batched call)."""
+    from asp_gmm import registry as reg
+    from asp_gmm.backends import batch_base, c_batch, get_backend
+
+    support = c_batch.CBatchSupport(get_backend("c"))
+    v = reg.get("c", "CB", "batch")
+    bp = BatchProblem(10_000, 19, 8, "full", "float64", B=4)
+    tun = support.tunables_for(v, bp)
+    asked, found, clock = [], {"now": False}, {"t": 50.0}
+    monkeypatch.setattr(c_batch.cache, "lookup", lambda *a, **k: asked.append(1) or ("x" if found["now"] else None))
+    monkeypatch.setattr(batch_base.time, "monotonic", lambda: clock["t"])
+    assert not support.is_ready(v, tun, bp) and not support.is_ready(v, tun, bp) and len(asked) == 1
+    found["now"] = True
+    assert not support.is_ready(v, tun, bp) and len(asked) == 1  # still taken as absent
+    clock["t"] += support.ABSENT_S
+    assert all(support.is_ready(v, tun, bp) for _ in range(3)) and len(asked) == 2

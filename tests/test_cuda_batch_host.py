@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from asp_gmm import registry
+from asp_gmm.backends import batch_base
 from asp_gmm.backends.cuda import batch as cb
 from asp_gmm.backends.cuda import staging
 from asp_gmm.problem import BatchProblem, Problem
@@ -95,7 +96,7 @@ def test_upload_module_is_one_per_dimension(M):
 
 def test_a_class_found_in_the_compile_cache_is_remembered(monkeypatch):
     """is_ready looks a configuration's binary up in the compile cache once (a found entry stays:
-    entries are only ever added or rebuilt); one not found is taken as absent for _ABSENT_S seconds,
+    entries are only ever added or rebuilt); one not found is taken as absent for ABSENT_S seconds,
     then asked again (another process may have compiled it)."""
     support = cb.CudaBatchSupport(_Backend())
     gb = registry.get("cuda", "GB", "batch")
@@ -103,12 +104,12 @@ def test_a_class_found_in_the_compile_cache_is_remembered(monkeypatch):
     tun = support.tunables_for(gb, bp)
     asked, cached, clock = [], {"now": False}, {"t": 1000.0}
     monkeypatch.setattr(cb, "is_cached", lambda src, arch, name: asked.append(name) or cached["now"])
-    monkeypatch.setattr(cb.time, "monotonic", lambda: clock["t"])
+    monkeypatch.setattr(batch_base.time, "monotonic", lambda: clock["t"])
     assert not support.is_ready(gb, tun, bp) and not support.is_ready(gb, tun, bp)
     assert len(asked) == 1  # not cached: remembered as absent
     cached["now"] = True
     assert not support.is_ready(gb, tun, bp) and len(asked) == 1
-    clock["t"] += cb._ABSENT_S
+    clock["t"] += support.ABSENT_S
     assert support.is_ready(gb, tun, bp) and support.is_ready(gb, tun, bp) and support.is_ready(gb, tun, bp)
     assert len(asked) == 2  # asked again once the absence expired, found, then remembered
 

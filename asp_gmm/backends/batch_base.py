@@ -198,8 +198,32 @@ class BatchSupport(abc.ABC):
     #: and ``index``, e.g. :class:`asp_gmm.Rows`); otherwise the driver takes ``X[index]`` first.
     takes_rows: bool = False
 
+    #: Seconds a configuration found not compiled is taken as such without looking again.
+    ABSENT_S = 5.0
+
     def __init__(self, backend: Backend):
         self.backend = backend
+        self._found: set = set()  # keys whose binaries are in the compile cache
+        self._absent: dict = {}  # key -> when its binary was last found missing (time.monotonic)
+
+    def _in_cache(self, key, lookup) -> bool:
+        """Whether the binary of configuration ``key`` is in the compile cache, ``lookup()`` (which
+        renders its source and asks the cache) called at most once for a found one (cache entries are
+        only ever added or rebuilt) and once per :data:`ABSENT_S` seconds for a missing one (another
+        process may compile it; a compile in this process loads it, which :meth:`is_ready` sees
+        first). The selection asks for every candidate on every call: rendering each untried
+        configuration cost ~1 ms of a batched call on either backend."""
+        if key in self._found:
+            return True
+        now = time.monotonic()
+        if now - self._absent.get(key, -self.ABSENT_S) < self.ABSENT_S:
+            return False
+        if lookup():
+            self._found.add(key)
+            self._absent.pop(key, None)
+            return True
+        self._absent[key] = now
+        return False
 
     def variants(self) -> list:
         return registry.variants(self.backend.name, "batch")

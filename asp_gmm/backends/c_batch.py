@@ -62,8 +62,12 @@ class CBatchSupport(BatchSupport):
         key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)
         if key in self._libs:
             return True
-        src, name = self._source(variant, tun, problem)
-        return cache.lookup(src, ".so", self.backend._build_args()[1], name) is not None
+
+        def lookup():
+            src, name = self._source(variant, tun, problem)
+            return cache.lookup(src, ".so", self.backend._build_args()[1], name) is not None
+
+        return self._in_cache(key, lookup)
 
     def kernel(self, variant, tunables, problem):
         tun = self._tun(variant, tunables)

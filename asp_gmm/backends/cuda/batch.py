@@ -14,7 +14,6 @@ members that are done or failed are switched off for the next launches.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 
@@ -46,8 +45,6 @@ class CudaBatchSupport(BatchSupport):
     def __init__(self, backend):
         super().__init__(backend)
         self._mods: dict = {}
-        self._ready: set = set()  # keys whose binaries are in the compile cache
-        self._absent: dict = {}  # key -> when its binary was last found missing (time.monotonic)
         self.pinned = PinnedRows(backend.device)
         self._lock = threading.Lock()
 
@@ -71,23 +68,14 @@ class CudaBatchSupport(BatchSupport):
     def is_ready(self, variant, tunables, problem):
         tun = self._tun(variant, tunables)
         key = self._key(variant, tun, problem)
-        if key in self._mods or key in self._ready:
+        if key in self._mods:
             return True
-        now = time.monotonic()
-        if now - self._absent.get(key, -_ABSENT_S) < _ABSENT_S:
-            return False
-        src, name = self._source(variant, tun, problem)
-        if not is_cached(src, self.backend.device.arch, name):
-            # not compiled: a compile in this process goes through kernel() (then in _mods); one by
-            # another process is seen within _ABSENT_S. Every call asked again for each untried
-            # configuration, rendering its source: 1.6 ms of a 10 ms batched call of 32 members
-            self._absent[key] = now
-            return False
-        # in the disk cache: stays so (entries are only ever added or rebuilt). Asked for every
-        # candidate on every call, the source's look-up and the cache's checks cost 2.4 ms of a
-        # 15 ms batched call of 32 members under the profiler
-        self._ready.add(key)
-        return True
+
+        def lookup():
+            src, name = self._source(variant, tun, problem)
+            return is_cached(src, self.backend.device.arch, name)
+
+        return self._in_cache(key, lookup)
 
     def kernel(self, variant, tunables, problem):
         tun = self._tun(variant, tunables)
@@ -132,9 +120,6 @@ def upload_problem(N: int, D: int) -> Problem:
     only, so every batch class of one D shares one module (M = 1, diagonal)."""
     return Problem(N, D, 1, "diag", "float32")
 
-
-#: seconds a configuration found not compiled is taken as such without looking again
-_ABSENT_S = 5.0
 
 #: byte alignment of the buffers carved from a session's one allocation
 _ALIGN = 256
