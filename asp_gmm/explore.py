@@ -249,10 +249,14 @@ class InPlace:
         ``step(config, kernel, record) -> run``: one iteration of the call's EM on ``config``
         (its timing recorded by the caller when ``record`` is true; this class records the
         faster of an explored configuration's runs itself).
+    spent_before : float
+        Seconds the call already spent exploring on a sample (a whole-data check after it,
+        :attr:`Plan.confirm`): taken off the allowance, and counted in :meth:`account`.
     """
 
-    def __init__(self, sp, problem, plan, max_iters, step):
+    def __init__(self, sp, problem, plan, max_iters, step, spent_before: float = 0.0):
         self.sp, self.problem, self.plan, self.max_iters, self.step = sp, problem, plan, max_iters, step
+        self.spent_before = float(spent_before)
         self.spent, self.allowance, self.runs, self.skipped, self.done = 0.0, 0.0, 0, [], []
         self.t_iter = self.t_kernel = None
 
@@ -265,7 +269,7 @@ class InPlace:
         if t_iter is None or not plan.fastest:
             return False
         t_kernel = plan.fastest * problem.N
-        allowance = self._allowance(t_iter)
+        allowance = max(self._allowance(t_iter) - self.spent_before, 0.0)
         unknown = self._unknown()
         runs_each = _runs_each(sp.backend)
         cheapest = min(max(plan.predicted.get(c, unknown) - 1.0, 0.0) for c in plan.explore)
@@ -276,12 +280,14 @@ class InPlace:
         return False
 
     def first(self, kernel) -> None:
-        """The call's first iteration, on the planned configuration: times what an iteration costs."""
+        """The call's first iteration, on the planned configuration: times what an iteration costs
+        (recorded when the plan is a whole-data check, :attr:`Plan.confirm`: the primary's own time
+        on the data is what the checked configurations are compared with before the call goes on)."""
         t = time.perf_counter()
-        run = self.step(self.plan.primary, kernel, False)
+        run = self.step(self.plan.primary, kernel, bool(getattr(self.plan, "confirm", False)))
         self.t_iter = time.perf_counter() - t
         self.t_kernel = run.iter_seconds[0] or self.t_iter
-        self.allowance = self._allowance(self.t_iter)
+        self.allowance = max(self._allowance(self.t_iter) - self.spent_before, 0.0)
 
     def _allowance(self, t_iter: float) -> float:
         """The call's allowance for iterations of ``t_iter`` seconds: its own share and what the
@@ -354,9 +360,10 @@ class InPlace:
         return self.done
 
     def account(self) -> dict:
+        """What exploring cost the call (a sample's exploration before, included) against its allowance."""
         return {
-            "spent": self.spent,
-            "allowance": self.allowance,
+            "spent": self.spent + self.spent_before,
+            "allowance": self.allowance + self.spent_before,
             "copy": 0.0,
             "runs": self.runs,
             "skipped": list(self.skipped),
@@ -365,6 +372,8 @@ class InPlace:
 
     def summary(self) -> str:
         line = f"explored {self.runs} in place: {1e3 * self.spent:.3g} ms of a {1e3 * self.allowance:.3g} ms allowance"
+        if self.spent_before:
+            line = f"explored on a sample ({1e3 * self.spent_before:.3g} ms), then {line} left"
         if self.skipped:
             line += f"; left for later calls (would overshoot): {', '.join(self.skipped)}"
         return line

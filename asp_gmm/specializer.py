@@ -204,10 +204,16 @@ class Specializer:
         sample = sel.sample_size(problem, len(explore), max_iters) if explore else problem.N
         # a problem large enough for a sample whose iteration still costs less than a sample's
         # session explores in place, within the allowance (small problems: in place, every candidate)
-        gated = sample < problem.N and not plan.primary_in_background and in_place_cheaper(self, problem, plan)
+        # (a variant timed only on samples is checked on the whole data: in place too)
+        gated = (
+            sample < problem.N
+            and not plan.primary_in_background
+            and (plan.confirm or in_place_cheaper(self, problem, plan))
+        )
         if gated:
             sample = problem.N
         note = ""
+        spent_before = 0.0  # what the call's sampled exploration spent, before exploring in place
         if sample < problem.N:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
             # run every iteration with the best configuration the history now knows
@@ -220,13 +226,22 @@ class Specializer:
                     if not done and not ex.failed:
                         break  # nothing measured, nothing failed: the plan stands (planning again cost 0.2 ms)
                     plan = sel.choose(backend, problem, self.candidates(problem, variant, weighed), tuning=tuning)
-                    if stopped or not done or not plan.explore:
-                        break
+                    if stopped or not done or not plan.explore or plan.confirm:
+                        break  # (a whole-data check runs in place, below)
             finally:
                 ex.close()
             self.last_exploration = ex.account()
             note = ex.summary()
             explore = []
+            if tuning and max_iters >= 2 and not plan.primary_in_background:
+                # variants close to the sample's winner on the sample run on the data in this call
+                # (in place, within what the sample left of the allowance): a sample fits caches the
+                # data does not, and a call's whole EM on a sample's winner cost up to 3x
+                cands = self.candidates(problem, variant, weighed)
+                checked = plan if plan.confirm else sel.confirm(backend, problem, cands, plan)
+                if checked is not None and checked.explore:
+                    plan, gated, spent_before = checked, True, self.last_exploration["spent"]
+                    explore = list(plan.explore)
         else:
             self.last_exploration = None
         pending = None  # (config, future) of the planned configuration compiling in the background
@@ -271,7 +286,7 @@ class Specializer:
             if gated and explore and max_iters >= 2:
                 # explore in place: the call's first iteration (the planned configuration) prices
                 # the others, which run the call's next iterations while they fit the allowance
-                in_place = InPlace(self, problem, plan, max_iters, one_iteration)
+                in_place = InPlace(self, problem, plan, max_iters, one_iteration, spent_before)
                 kernel = None if in_place.hopeless() else self._kernel(plan.primary, problem, sel)
                 if kernel is None:
                     self.last_exploration = in_place.account()

@@ -20,7 +20,7 @@ from asp_gmm.selection import Config, HistorySelector, Policy, RuleSelector
 from asp_gmm.specializer import BANK_CALLS, Specializer
 from asp_gmm.tuning_db import History
 from conftest import make_blobs
-from test_selection import FakeBackend, _train, fake_variant
+from test_selection import FakeBackend, FakeSession, _train, fake_variant
 
 RULES = Path(__file__).parent / "data" / "replay_rules.json"
 RULE_VARIANTS = [fake_variant("V1"), fake_variant("V2"), fake_variant("V3", {"chunk": [4, 8]}), fake_variant("V4")]
@@ -745,4 +745,61 @@ def test_a_one_iteration_call_of_a_class_exploring_in_place_explores_nothing(tmp
     sp = Specializer(be, HistorySelector(h))
     res = _train(sp, make_blobs(rng, 140000, 3, 2), 2, iters=1)
     assert res.explored == [] and [n for n, _ in be.ran] == ["V4"] and be.opened == [140000]
+    h.close()
+
+
+# ------------------------------------------------------------------ a sample's ranking checked on the data
+class _CacheSession(FakeSession):
+    """Per-event costs that depend on the events' number: ``sample_costs`` up to 100 000 events (a
+    sample fits in caches), ``costs`` beyond; every run logged as (variant, events, iterations)."""
+
+    def _em(self, kernel, **kw):
+        run = super()._em(kernel, **kw)
+        be = self.backend
+        per = (be.sample_costs if self.problem.N <= 100_000 else be.costs).get(kernel.variant.name, 1e-6)
+        run.iter_seconds = [per * self.problem.N] * run.iters
+        run.cov_seconds = [per * self.problem.N / 2] * run.iters
+        be.log.append((kernel.variant.name, self.problem.N, run.iters))
+        return run
+
+
+class _CacheBackend(FakeBackend):
+    def __init__(self, sample_costs, costs):
+        super().__init__(costs=costs)
+        self.sample_costs, self.log = sample_costs, []
+
+    def open(self, X, problem):
+        return _CacheSession(self, X, problem)
+
+
+def test_a_samples_winner_is_checked_on_the_data_within_the_call(tmp_path, monkeypatch, rng):
+    """V2 is the fastest on a sample and 3x slower than V4 on the data (a sample fits in caches; 2
+    of 5 fresh histories at N = 1.5 M on the 2-core CPU kept V2 or V3 this way). The call whose
+    sampled exploration makes V2 the class's choice runs on V4, the best timed on the data, and
+    checks V2 there in place (one iteration); later calls plan V4. The old selection ran that
+    call's every iteration on V2 (and, with no whole-data timing of V4 yet, kept it: one
+    calibration of sampled times cannot reorder them). V1, put after V2 by the rule and slower on
+    the sample, never runs on the data."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    # (reported times large against the NumPy runs' wall clock: the allowance covers the samples)
+    sample_costs = {"V1": 1.4e-5, "V2": 1.0e-5, "V3": 1.3e-5, "V4": 1.2e-5, "V5": 9e-5}
+    costs = {"V1": 4e-5, "V2": 3e-5, "V3": 1.5e-5, "V4": 1e-5, "V5": 9e-5}
+    be = _CacheBackend(sample_costs, costs)
+    sp = Specializer(be, HistorySelector(h))
+    N = 140000
+    X = make_blobs(rng, N, 3, 2)
+    calls = []
+    for _ in range(8):
+        be.log.clear()
+        res = _train(sp, X, 2, iters=10)
+        calls.append((res.variant.split("(")[0], [(n, k) for n, nn, k in be.log if nn == N]))
+    on_data = [run for _, runs in calls for run in runs]
+    assert ("V2", 10) not in on_data, calls  # never a whole call on the sample's winner
+    assert ("V2", 1) in on_data and "V1" not in {n for n, _ in on_data}, calls
+    checked = next(runs for _, runs in calls if ("V2", 1) in runs)
+    assert checked == [("V4", 1), ("V2", 1), ("V4", 8)], calls  # V4 first, V2 checked, V4 the rest
+    assert calls[-1] == ("V4", [("V4", 10)]), calls
+    h.flush()
+    assert {r.variant.name for r in h.rows() if r.sampled_from is None} >= {"V2", "V4"}
     h.close()

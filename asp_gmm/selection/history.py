@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
 from ..variant import Config
 from .index import NEIGHBOURS, RANK_ROWS, _Index, problem_class
 from . import plan as _plan
+from .confirm import checks
 from .plan import (
     TUNE_VARIANTS,
     TUNE_WITHIN,
@@ -237,6 +239,13 @@ class HistorySelector(Selector):
                     sorted({c.variant.name for c in explore})
                 )
         explore = [c for c in explore if c != primary] if untried else explore
+        confirm = False
+        if not explore and not untried and best is not None:
+            # the search has converged: variants timed only on samples run on the whole data
+            checked, explore, ratios = self._confirm(backend, problem, options, best, idx)
+            if explore:
+                confirm, primary = True, checked
+                why = "on the whole data next (timed on samples only): " + ", ".join(c.label for c in explore)
         if not explore:
             return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
         samp = idx.sampled.get(problem_class(problem), {})
@@ -254,7 +263,37 @@ class HistorySelector(Selector):
             fastest=best[1] if best else None,
             sampled_fastest=min((a.median for a in samp.values()), default=None),
             banked=self._banked(idx, problem),
+            confirm=confirm,
         )
+
+    def confirm(self, backend, problem, candidates, plan):
+        """``plan`` turned into a whole-data check (:attr:`Plan.confirm`) when variants timed only
+        on samples of the class are within :data:`CONFIRM_WITHIN` of the fastest there, else None:
+        asked after a call's sampled exploration, so that the call itself runs them in place
+        rather than its whole EM on a sample's winner."""
+        history = self.history()
+        if history is None or plan.primary is None:
+            return None
+        try:
+            idx = self.index(backend, history)
+        except Exception:  # noqa: BLE001 - the plan stands
+            return None
+        with self._lock:
+            valid = [c for c in candidates if not idx.failed(self.vkey(c), problem)]
+            scores = idx.scores(problem_class(problem))
+            options = self._options(backend, problem, valid, scores, idx)
+            best = next(((c, t) for c, t in options if c == plan.primary), None)
+            if best is None:
+                return None
+            primary, conf, ratios = self._confirm(backend, problem, options, best, idx)
+        if not conf:
+            return None
+        why = "on the whole data in this call (timed on samples only): " + ", ".join(c.label for c in conf)
+        return dataclasses.replace(plan, primary=primary, explore=conf, predicted=ratios, confirm=True, why=why)
+
+    def _confirm(self, backend, problem, options, best, idx) -> tuple:
+        """See :func:`asp_gmm.selection.confirm.checks`."""
+        return checks(self.vkey, backend, problem, options, best, idx)
 
     @staticmethod
     def _banked(idx, problem) -> float:

@@ -106,6 +106,21 @@ class Policy:
             plan, explore=explore, compile_later=later, primary_in_background=not pinned and not ready(plan.primary)
         )
 
+    def confirm(self, backend, problem: Problem, candidates: list, plan: Plan) -> Plan | None:
+        """After a call's sampled exploration: ``plan`` with the variants timed only on samples
+        that are close to its primary there (compiled ones) to run in place on the whole data
+        (:attr:`Plan.confirm`), or None (see :meth:`HistorySelector.confirm`)."""
+        ask = getattr(self.selector, "confirm", None)
+        if ask is None or _plan.deterministic():
+            return None
+        got = ask(backend, problem, candidates, plan)
+        if got is None:
+            return None
+        is_ready = lambda c: backend.is_ready(c.variant, c.params, problem)  # noqa: E731
+        primary = got.primary if is_ready(got.primary) else plan.primary
+        ready = [c for c in got.explore if c != primary and is_ready(c)]
+        return dataclasses.replace(got, primary=primary, explore=ready) if ready else None
+
     def record(
         self,
         backend,
