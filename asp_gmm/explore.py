@@ -313,6 +313,10 @@ class InPlace:
             if iters_left() < runs_each + 1:
                 break
             ratio = plan.predicted.get(cfg, unknown)
+            sampled = getattr(plan, "confirm_times", {}).get(cfg)
+            if sampled is not None and self.t_kernel:
+                # a whole-data check: its sampled time against the primary's, timed on the data now
+                ratio = max(sampled * problem.N / self.t_kernel, 1.0)
             loaded = backend.is_loaded(cfg.variant, cfg.params, problem)
             load = sp._costs.lookup.get(ck, 0.0)
             if not loaded:

@@ -803,3 +803,28 @@ def test_a_samples_winner_is_checked_on_the_data_within_the_call(tmp_path, monke
     h.flush()
     assert {r.variant.name for r in h.rows() if r.sampled_from is None} >= {"V2", "V4"}
     h.close()
+
+
+def test_a_sample_only_class_checks_its_winner_against_the_rules_choice_in_one_call(tmp_path, monkeypatch, rng):
+    """Every variant timed on samples only, none on the data, V2 fastest there and V4 1.6x slower
+    (within CONFIRM_WITHIN): the next call runs V2's first iteration on the data, then V4 and V3
+    (put before V2 by the rule) one each, priced by their sampled times against V2's iteration on
+    the data, and the rest on V4, the fastest on the data; V1 (after V2 in the rule) is not run
+    there."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    sample_costs = {"V1": 1.5e-5, "V2": 1.0e-5, "V3": 1.7e-5, "V4": 1.6e-5, "V5": 9e-5}
+    costs = {"V1": 4e-5, "V2": 3e-5, "V3": 1.5e-5, "V4": 1e-5, "V5": 9e-5}
+    be = _CacheBackend(sample_costs, costs)
+    sel = HistorySelector(h)
+    sp = Specializer(be, sel)
+    N, D, M = 140000, 3, 2
+    sample = Problem(selection.SAMPLE_MIN, D, M, "full", "float32")
+    for cfg in [Config.of(v, v.default_tunables()) for v in be.covariance_variants(sample)]:
+        sel.record(be, sample, cfg, "ok", sample_costs[cfg.variant.name] * sample.N, None, 1, sampled_from=N)
+    X = make_blobs(rng, N, D, M).astype(np.float32)
+    res = _train(sp, X, M, iters=10)
+    on_data = [(n, k) for n, nn, k in be.log if nn == N]
+    assert on_data == [("V2", 1), ("V4", 1), ("V3", 1), ("V4", 7)], (on_data, res.why)
+    assert res.variant.split("(")[0] == "V4"
+    h.close()

@@ -71,14 +71,16 @@ classes the cost model of each configuration rests on), are pruned (``Plan.prune
 
 *A sample's ranking checked on the data* (issue 37). A sample fits caches the whole data does
 not, so the variant fastest on it may be slower on the data (2-core CPU, N = 1.5 M: V2 or V3 won
-on the sample in 2 of 5 fresh histories and kept the class, 2.9x and 1.3x slower than V4), and
-sampled times scaled by one calibration cannot reorder themselves. The sample's winner, when
-timed on samples only, and the variants the fixed rule puts before it within
-:data:`CONFIRM_WITHIN` of the fastest sampled time (the rule's order encodes what scales to large
-data) run one iteration each on the data, in place, within the allowance (:attr:`Plan.confirm`;
-in the call that sampled them, with what the sample left of its allowance, else in a later call);
-meanwhile the call runs the best configuration timed on the data where there is one. The best on
-the data then runs the rest.
+on the sample in 2 of 5 fresh histories and kept the class, 2.9x and 1.3x slower than V4, which
+was up to 1.6x V2 on the sample), and sampled times scaled by one calibration cannot reorder
+themselves. The sample's winner, when timed on samples only, and the variants the fixed rule puts
+before it within :data:`CONFIRM_WITHIN` of the fastest sampled time (the rule's order encodes what
+scales to large data; once a configuration ran on the data, only those faster on the sample than
+it on the data) run one iteration each on the data, in place, within the allowance
+(:attr:`Plan.confirm`, :mod:`asp_gmm.selection.confirm`; in the call that sampled them, with what
+the sample left of its allowance, else in a later call), each priced by its sampled time against
+the call's first iteration on the data; meanwhile the call runs the best configuration timed on
+the data where there is one. The best on the data then runs the rest.
 
 *An allowance that holds* (issue 37). Every cost of the sampled exploration is charged by the wall
 clock (the sample's copy and session, kernel look-ups, parameter uploads, launches; nothing is

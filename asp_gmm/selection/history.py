@@ -239,10 +239,10 @@ class HistorySelector(Selector):
                     sorted({c.variant.name for c in explore})
                 )
         explore = [c for c in explore if c != primary] if untried else explore
-        confirm = False
+        confirm, confirm_times = False, {}
         if not explore and not untried and best is not None:
             # the search has converged: variants timed only on samples run on the whole data
-            checked, explore, ratios = self._confirm(backend, problem, options, best, idx)
+            checked, explore, ratios, confirm_times = self._confirm(backend, problem, options, best, idx)
             if explore:
                 confirm, primary = True, checked
                 why = "on the whole data next (timed on samples only): " + ", ".join(c.label for c in explore)
@@ -264,6 +264,7 @@ class HistorySelector(Selector):
             sampled_fastest=min((a.median for a in samp.values()), default=None),
             banked=self._banked(idx, problem),
             confirm=confirm,
+            confirm_times=confirm_times if confirm else {},
         )
 
     def confirm(self, backend, problem, candidates, plan):
@@ -285,11 +286,13 @@ class HistorySelector(Selector):
             best = next(((c, t) for c, t in options if c == plan.primary), None)
             if best is None:
                 return None
-            primary, conf, ratios = self._confirm(backend, problem, options, best, idx)
+            primary, conf, ratios, times = self._confirm(backend, problem, options, best, idx)
         if not conf:
             return None
         why = "on the whole data in this call (timed on samples only): " + ", ".join(c.label for c in conf)
-        return dataclasses.replace(plan, primary=primary, explore=conf, predicted=ratios, confirm=True, why=why)
+        return dataclasses.replace(
+            plan, primary=primary, explore=conf, predicted=ratios, confirm=True, confirm_times=times, why=why
+        )
 
     def _confirm(self, backend, problem, options, best, idx) -> tuple:
         """See :func:`asp_gmm.selection.confirm.checks`."""
