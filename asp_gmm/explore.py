@@ -284,7 +284,7 @@ class InPlace:
         (recorded when the plan is a whole-data check, :attr:`Plan.confirm`: the primary's own time
         on the data is what the checked configurations are compared with before the call goes on)."""
         t = time.perf_counter()
-        run = self.step(self.plan.primary, kernel, bool(getattr(self.plan, "confirm", False)))
+        run = self.step(self.plan.primary, kernel, self.plan.confirm)
         self.t_iter = time.perf_counter() - t
         self.t_kernel = run.iter_seconds[0] or self.t_iter
         self.allowance = max(self._allowance(self.t_iter) - self.spent_before, 0.0)
@@ -313,7 +313,7 @@ class InPlace:
             if iters_left() < runs_each + 1:
                 break
             ratio = plan.predicted.get(cfg, unknown)
-            sampled = getattr(plan, "confirm_times", {}).get(cfg)
+            sampled = plan.confirm_times.get(cfg)
             if sampled is not None and self.t_kernel:
                 # a whole-data check: its sampled time against the primary's, timed on the data now
                 ratio = max(sampled * problem.N / self.t_kernel, 1.0)

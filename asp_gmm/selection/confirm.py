@@ -11,9 +11,9 @@ from .plan import rule_order
 
 def checks(vkey, backend, problem, options, best, idx) -> tuple:
     """``(primary, [config], {config: predicted ratio}, {config: sampled seconds per event})``:
-    configurations to run on the whole data because they were timed only on samples of the class. Scores of such configurations
-    are sampled times scaled by one calibration (that of the configurations measured both
-    ways), which cannot reorder them: without this a variant that won on the sample kept the
+    configurations to run on the whole data because they were timed only on samples of the class.
+    Scores of such configurations are sampled times scaled by one calibration (that of the
+    configurations measured both ways), which cannot reorder them: without this a variant that won on the sample kept the
     class although slower on the data (a sample fits caches the data does not).
 
     Checked, each variant's best sampled configuration (variants timed on the data left out): the

@@ -242,7 +242,7 @@ class HistorySelector(Selector):
         confirm, confirm_times = False, {}
         if not explore and not untried and best is not None:
             # the search has converged: variants timed only on samples run on the whole data
-            checked, explore, ratios, confirm_times = self._confirm(backend, problem, options, best, idx)
+            checked, explore, ratios, confirm_times = checks(self.vkey, backend, problem, options, best, idx)
             if explore:
                 confirm, primary = True, checked
                 why = "on the whole data next (timed on samples only): " + ", ".join(c.label for c in explore)
@@ -286,17 +286,13 @@ class HistorySelector(Selector):
             best = next(((c, t) for c, t in options if c == plan.primary), None)
             if best is None:
                 return None
-            primary, conf, ratios, times = self._confirm(backend, problem, options, best, idx)
+            primary, conf, ratios, times = checks(self.vkey, backend, problem, options, best, idx)
         if not conf:
             return None
         why = "on the whole data in this call (timed on samples only): " + ", ".join(c.label for c in conf)
         return dataclasses.replace(
             plan, primary=primary, explore=conf, predicted=ratios, confirm=True, confirm_times=times, why=why
         )
-
-    def _confirm(self, backend, problem, options, best, idx) -> tuple:
-        """See :func:`asp_gmm.selection.confirm.checks`."""
-        return checks(self.vkey, backend, problem, options, best, idx)
 
     @staticmethod
     def _banked(idx, problem) -> float:
