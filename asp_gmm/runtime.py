@@ -175,8 +175,16 @@ class Runtime:
         data: the seeding's moments, the NaN scan; NumPy releases the GIL in their work). The pool
         is made on first use and kept: a pool made per call cost more than the pass (40 ms a call on
         a 16-core host for 500 000 x 36 events)."""
-        if self.host_threads() < 2:
-            return [fn(x) for x in items]
+        return list(self.host_imap(fn, items))
+
+    def host_imap(self, fn, items, threads: int | None = None):
+        """:meth:`host_map` as an iterator: each result as soon as it and those before it are done
+        (a pipeline: the caller works on the first results while the host threads make the next).
+        ``threads`` caps how many items run at once (default: every host thread)."""
+        items = list(items)
+        n = self.host_threads() if threads is None else max(1, min(int(threads), self.host_threads()))
+        if n < 2 or len(items) < 2:
+            return (fn(x) for x in items)
         if self._host_pool is None:
             with self.lock:
                 if self._host_pool is None:
@@ -184,7 +192,15 @@ class Runtime:
 
                     self._host_pool = ThreadPoolExecutor(self.host_threads(), thread_name_prefix="asp_gmm-host")
                     _pools_made(self)
-        return list(self._host_pool.map(fn, items))
+        return self._windowed(fn, items, n)
+
+    def _windowed(self, fn, items, n):
+        pending = [self._host_pool.submit(fn, x) for x in items[:n]]
+        for i in range(len(items)):
+            got = pending[i].result()
+            if i + n < len(items):
+                pending.append(self._host_pool.submit(fn, items[i + n]))
+            yield got
 
     def compile_pool(self):
         """The pool :func:`asp_gmm.backends.nvrtc.compile_many` compiles on (one thread per core),

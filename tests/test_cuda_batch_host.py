@@ -114,9 +114,22 @@ def test_a_class_found_in_the_compile_cache_is_remembered(monkeypatch):
     assert len(asked) == 2  # asked again once the absence expired, found, then remembered
 
 
+class _FakeStream:
+    """A stream whose copies happen when it is synchronized (reading their source then, as a DMA
+    reads a page-locked buffer after the call that queued it has returned)."""
+
+    def __init__(self, drv):
+        self.drv, self.queued = drv, []
+
+    def synchronize(self):
+        for dst, src in self.queued:
+            self.drv.memcpy_htod(dst, src)
+        self.queued = []
+
+
 class _FakeDrv:
     """Device memory as one host byte array (a pointer is an offset into it); page-locked buffers
-    as plain arrays, each allocation counted."""
+    as plain arrays, each allocation counted; asynchronous copies queued on their stream."""
 
     def __init__(self, nbytes):
         self.mem = np.zeros(nbytes, np.uint8)
@@ -126,26 +139,36 @@ class _FakeDrv:
         self.allocs.append(n)
         return np.full(n, 0xEE, dtype)  # garbage where no part writes
 
+    def Stream(self):
+        return _FakeStream(self)
+
     def memcpy_htod(self, dst, src):
         b = np.frombuffer(src, np.uint8)
         self.copies.append((dst, b.nbytes))
         self.mem[dst : dst + b.nbytes] = b
 
+    def memcpy_htod_async(self, dst, src, stream):
+        stream.queued.append((dst, src))
 
-@pytest.mark.parametrize("piece_rows", [None, 7])
-def test_pinned_rows_put_every_part_at_its_rows(piece_rows, monkeypatch):
+
+@pytest.mark.parametrize("turn_rows, piece_rows", [(None, None), (7, None), (None, 3), (8, 3)])
+def test_pinned_rows_put_every_part_at_its_rows(turn_rows, piece_rows, monkeypatch):
     """PinnedRows copies the members' arrays (float32 or converted float64) into the page-locked
-    buffer at their rows and sends the span up, in pieces when it exceeds PINNED_MAX: every part's
-    rows arrive intact, converted to float32, and the buffer is allocated once for many calls."""
+    buffer at their rows and sends the span up piece by piece (filled on the host threads, each
+    sent as soon as it is filled), in turns when the span exceeds PINNED_MAX: every part's rows
+    arrive intact, converted to float32, no turn overwrites the buffer before its copies have run,
+    and the buffer is allocated once for many calls."""
     rng = np.random.default_rng(7)
     D = 3
     dev = _Device()
     dev.drv = _FakeDrv(4 * D * 200)
+    if turn_rows is not None:
+        monkeypatch.setattr(staging, "PINNED_MAX", turn_rows * 4 * D)
     if piece_rows is not None:
-        monkeypatch.setattr(staging, "PINNED_MAX", piece_rows * 4 * D)
+        monkeypatch.setattr(staging, "PINNED_PIECE", piece_rows * 4 * D)
     pinned = staging.PinnedRows(dev)
     parts = [rng.standard_normal((n, D)).astype(dt) for n, dt in ((5, np.float32), (11, np.float64), (1, np.float32))]
-    starts = [10, 15, 40]  # rows 26..39 belong to no part (a joined member, written later)
+    starts = [21, 10, 40]  # rows 26..39 belong to no part (a joined member, written later); not in row order
     for _ in range(3):
         pinned.upload(0, D, starts, parts)
     X = dev.drv.mem.view(np.float32).reshape(-1, D)
@@ -153,9 +176,11 @@ def test_pinned_rows_put_every_part_at_its_rows(piece_rows, monkeypatch):
         np.testing.assert_array_equal(X[s : s + len(p)], p.astype(np.float32))
     assert not X[:10].any() and not X[41:].any()  # nothing outside the span
     assert len(dev.drv.allocs) == 1  # kept between uploads
-    if piece_rows is not None:
-        assert all(n <= piece_rows * 4 * D for _, n in dev.drv.copies)
-        assert len(dev.drv.copies) == 3 * -(-31 // piece_rows)
+    most = min(turn_rows or 99, piece_rows or 99)
+    assert all(n <= most * 4 * D for _, n in dev.drv.copies)
+    turns = [(t, min(41, t + (turn_rows or 31))) for t in range(10, 41, turn_rows or 31)]
+    pieces = sum(-(-(t1 - t0) // (piece_rows or 99)) for t0, t1 in turns)
+    assert len(dev.drv.copies) == 3 * pieces
 
 
 _NVCC = shutil.which("nvcc")

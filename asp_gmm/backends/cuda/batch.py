@@ -24,7 +24,7 @@ from ..base import Kernel
 from ..batch_base import BatchRuns, BatchSession, BatchSupport, DeviceStack
 from .backend import component_class
 from .compile import binary_name, cubin_path, is_cached, load_module, render_source
-from .batch_layout import FACTOR_THREADS, SIGNATURES, SPLIT_SIGNATURES, is_split, msum_blocks, prec_cells
+from .batch_layout import FACTOR_THREADS, SIGNATURES, SPLIT_SIGNATURES, is_split, msum_blocks, packed_cells, prec_cells
 from .staging import PINNED_FROM, PinnedRows
 
 
@@ -332,12 +332,12 @@ class CudaBatchSession(BatchSession):
         w = np.zeros((B, MP))
         mu = np.zeros((B, MP, D))
         cov = np.zeros((B, MP, C))
-        il = np.tril_indices(D)
+        pack = packed_cells(D)[0]
         for b, (wb, mb, cb) in enumerate(params):
             m = len(wb)
             w[b, :m] = wb
             mu[b, :m] = mb
-            cov[b, :m] = np.asarray(cb)[:, il[0], il[1]] if self.full else cb
+            cov[b, :m] = np.take(np.reshape(cb, (m, D * D)), pack, axis=1) if self.full else cb
         return self._load(w, mu, cov, reg_covars)
 
     def set_params_stacked(self, weights, means, covars, reg_covars):
@@ -349,8 +349,7 @@ class CudaBatchSession(BatchSession):
         w[:, :m] = weights
         mu[:, :m] = means
         if self.full:
-            il = np.tril_indices(D)
-            cov[:, :m] = covars[:, :, il[0], il[1]]
+            cov[:, :m] = np.take(np.reshape(covars, (B, m, D * D)), packed_cells(D)[0], axis=2)
         else:
             cov[:, :m] = covars
         return self._load(w, mu, cov, reg_covars)
@@ -413,12 +412,7 @@ class CudaBatchSession(BatchSession):
         tot = w.sum(axis=1, keepdims=True)
         w = w / np.where(tot > 0, tot, 1.0)
         if self.full:
-            D = self.D
-            il = np.tril_indices(D)
-            full = np.zeros(cov.shape[:2] + (D, D))
-            full[:, :, il[0], il[1]] = cov
-            full[:, :, il[1], il[0]] = cov
-            cov = full
+            cov = np.take(cov, packed_cells(self.D)[1], axis=2).reshape(cov.shape[:2] + (self.D, self.D))
         self._host = (w, mu, cov)
         return self._host
 
@@ -433,7 +427,9 @@ class CudaBatchSession(BatchSession):
         self._store(w, mu, cov)
 
     # ------------------------------------------------------------------ running
-    def _estep(self):
+    def _estep(self, status=False):
+        """Launch the E-step and wait for its log-likelihoods (B,); ``status``: also the M-step's
+        status words (0, or 1 + a component not positive definite), read in the same copy."""
         self.drv.memset_d32(self.ll, 0, 2 * len(self.problems))
         self.fns["asp_batch_estep"].prepared_call(
             (max(self.nblocks, 1), 1, 1),
@@ -453,7 +449,12 @@ class CudaBatchSession(BatchSession):
             self.lp,
             self.ll,
         )
-        ll = np.empty(len(self.problems))
+        B = len(self.problems)
+        if status:  # ll, act, bad: one copy instead of two waits an iteration
+            words = np.empty((self.bad - self.ll) // 4 + B, np.int32)
+            self.drv.memcpy_dtoh(words, self.ll)
+            return words[: 2 * B].view(np.float64).copy(), words[-B:].copy()
+        ll = np.empty(B)
         self.drv.memcpy_dtoh(ll, self.ll)
         return ll
 
@@ -479,12 +480,6 @@ class CudaBatchSession(BatchSession):
         """What an M-step writes (both forms): weights, means, covariances, the E-step's factors,
         the status words."""
         return (self.wsrc, self.mu, self.cov, self.muf, self.prec, self.logd, self.bad)
-
-    def _bad(self):
-        """The members' status words after an M-step (0, or 1 + a component not positive definite)."""
-        bad = np.empty(len(self.problems), np.int32)
-        self.drv.memcpy_dtoh(bad, self.bad)
-        return bad
 
     def _mstep_split(self):
         """GBS: the M-step in two launches over chunks of the members' events (see the
@@ -535,14 +530,16 @@ class CudaBatchSession(BatchSession):
                 errors[b] = _nonfinite(ll[b])
             active &= np.isfinite(ll)
             it = 0
+            sent = None
             while it < max_iters and active.any():
-                self.drv.memcpy_htod(self.act, active.astype(np.int32))
-                # the M-step's status words are read after the E-step's log-likelihoods (one wait an
+                if sent is None or not np.array_equal(sent, active):
+                    sent = active.copy()
+                    self.drv.memcpy_htod(self.act, active.astype(np.int32))
+                # the M-step's status words are read with the E-step's log-likelihoods (one wait an
                 # iteration, not two): a member whose M-step failed is decided by its status, its
                 # E-step's result ignored; its parameters are those the M-step left, as before
                 self._mstep()
-                ll = self._estep()
-                bad = self._bad()
+                ll, bad = self._estep(status=True)
                 it += 1
                 failed = active & (bad != 0)
                 for b in np.flatnonzero(failed):
