@@ -128,5 +128,7 @@ class BatchProblem(Problem):
     @classmethod
     def of(cls, problems) -> "BatchProblem":
         """The batch class of a non-empty list of :class:`Problem` of one D, cvtype and dtype."""
-        p0 = problems[0]
-        return cls(sum(p.N for p in problems), p0.D, max(p.M for p in problems), p0.cvtype, p0.dtype, B=len(problems))
+        p0, B = problems[0], len(problems)
+        if problems.count(p0) == B:  # one Problem for every member (a GMMBatch): no loop over them
+            return cls(p0.N * B, p0.D, p0.M, p0.cvtype, p0.dtype, B=B)
+        return cls(sum(p.N for p in problems), p0.D, max(p.M for p in problems), p0.cvtype, p0.dtype, B=B)
