@@ -367,6 +367,16 @@ def main(argv=None):
     print_tables(rows, acc)
 
 
+def _gpu_name() -> str:
+    """The GPU the figures come from (the table said "H100" on every machine)."""
+    try:
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    except Exception:  # noqa: BLE001 - a label only
+        return "GPU"
+
+
 def print_tables(rows, acc):
     def f(d):
         if not d:
@@ -374,8 +384,8 @@ def print_tables(rows, acc):
         return "err" if "error" in d else f"{d['iter_ms']:.2f}"
 
     print(
-        "\nms per EM iteration, one H100 (asp_gmm: wall per iteration of GMM.train after the history has seen the "
-        "shape; peers: CUDA events)"
+        f"\nms per EM iteration, one {_gpu_name()} (asp_gmm: wall per iteration of GMM.train after the history has "
+        "seen the shape; peers: CUDA events)"
     )
     print(
         f"{'N':>8} {'D':>4} {'M':>5} {'cov':<4} | {'asp_gmm':>8} {'variant':<28} | {'Flash-GMM':>9} {'PyTorch':>8} "
