@@ -1,10 +1,14 @@
-"""V9's E-step GEMM on mma.sync against Hopper's wgmma (``wg`` tunable), per EM iteration on the GPU.
+"""A tensor-core variant's tunable sets against each other, per EM iteration on the GPU: V9's E-step
+GEMM on mma.sync against Hopper's wgmma (``wg``), V8's tile plans (``tmax``) and chunks (``events``).
 
-For each shape (N, D, M) and each V9 tunable set: the median iteration time and its phases (CUDA events,
+For each shape (N, D, M) and each tunable set of ``--variant`` (V9 diag by default; V8 with
+``--variant V8 --cvtype full``): the median iteration time and its phases (CUDA events,
 ``iters`` iterations of one pinned session after a warm-up), and at a smaller shape the covariance error
 of one iteration against float64 EM with the data offset by +10 and +1000 (relative Frobenius norm).
 
     python benchmarks/tensorcores.py --shapes 1000000x128x1024,500000x36x128 --iters 5
+    python benchmarks/tensorcores.py --variant V8 --cvtype full --shapes 1000000x64x64,500000x36x128 \
+        --tunables "tmax=8;tmax=12;events=32"
 
 The table goes to stdout last; the JSON to ``--json``.
 """
@@ -26,18 +30,18 @@ from asp_gmm import registry  # noqa: E402
 from asp_gmm.problem import Problem  # noqa: E402
 
 REG = 1e-6
-TUNABLES = ["wg=0", "wg=1", "wg=1,be=64", "wg=1,kd=32", "wg=0,kd=16"]
+TUNABLES = {"V9": ["wg=0", "wg=1", "wg=1,be=64", "wg=1,kd=32", "wg=0,kd=16"], "V8": ["tmax=8", "tmax=12", "events=32"]}
 
 
 def parse_tun(s):
     return {k: int(v) for k, v in (a.split("=") for a in s.split(",") if a)}
 
 
-def time_shape(be, X, params, tun, iters):
-    """Median iteration and phase times (ms) of V9 at ``tun`` and the final log-likelihood."""
+def time_shape(be, X, params, tun, iters, variant="V9", cvtype="diag"):
+    """Median iteration and phase times (ms) of ``variant`` at ``tun`` and the final log-likelihood."""
     N, D = X.shape
-    p = Problem(N, D, params[0].shape[0], "diag", "float32")
-    v = registry.get("cuda", "V9", "covariance")
+    p = Problem(N, D, params[0].shape[0], cvtype, "float32")
+    v = registry.get("cuda", variant, "covariance")
     s = be.open(X, p)
     try:
         k = be.kernel(v, tun, p)
@@ -59,18 +63,18 @@ def time_shape(be, X, params, tun, iters):
         s.close()
 
 
-def error(be, rng, shape, offset, tun):
-    """Covariance error of one V9 iteration at ``tun`` against float64 EM from the same start."""
+def error(be, rng, shape, offset, tun, variant="V9", cvtype="diag"):
+    """Covariance error of one iteration of ``variant`` at ``tun`` against float64 EM from the same start."""
     N, D, M = shape
     X = blobs(rng, N, D, M) + np.float32(offset)
-    w, mu, cv = init_params(rng, X, M, "diag")
-    r = ref.em(X.astype(np.float64), w, mu, cv, "diag", REG, 1, 1, 0.0)
-    p = Problem(N, D, M, "diag", "float32")
+    w, mu, cv = init_params(rng, X, M, cvtype)
+    r = ref.em(X.astype(np.float64), w, mu, cv, cvtype, REG, 1, 1, 0.0)
+    p = Problem(N, D, M, cvtype, "float32")
     s = be.open(X, p)
     try:
         s.set_params(w, mu, cv, REG)
         s.em(
-            be.kernel(registry.get("cuda", "V9", "covariance"), tun, p),
+            be.kernel(registry.get("cuda", variant, "covariance"), tun, p),
             min_iters=1,
             max_iters=1,
             tol=0.0,
@@ -85,7 +89,9 @@ def error(be, rng, shape, offset, tun):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1000000x128x1024,500000x36x128,200000x128x256")
-    ap.add_argument("--tunables", default=";".join(TUNABLES), help="';'-separated sets, e.g. 'wg=0;wg=1,be=64'")
+    ap.add_argument("--variant", default="V9", choices=sorted(TUNABLES))
+    ap.add_argument("--cvtype", default="diag", choices=["diag", "full"])
+    ap.add_argument("--tunables", help="';'-separated sets, e.g. 'wg=0;wg=1,be=64' (default: the variant's list)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--error-shape", default="20000x36x128")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "tensorcores.json"))
@@ -94,15 +100,15 @@ def main(argv=None):
 
     be = CudaBackend()
     rng = np.random.default_rng(0)
-    tuns = [t for t in a.tunables.split(";") if t]
+    tuns = [t for t in (a.tunables or ";".join(TUNABLES[a.variant])).split(";") if t]
     rows, out = [], {"device": be.device.name, "shapes": {}, "errors": {}}
     for sh in a.shapes.split(","):
         N, D, M = (int(x) for x in sh.split("x"))
         X = blobs(rng, N, D, M) + np.float32(10.0)
-        params = init_params(rng, X, M, "diag")
+        params = init_params(rng, X, M, a.cvtype)
         for t in tuns:
             try:
-                r = time_shape(be, X, params, parse_tun(t), a.iters)
+                r = time_shape(be, X, params, parse_tun(t), a.iters, a.variant, a.cvtype)
             except Exception as exc:  # noqa: BLE001 - a limit, a compile error: reported, the others go on
                 r = {"error": repr(exc)[:300]}
             out["shapes"].setdefault(sh, {})[t] = r
@@ -112,13 +118,13 @@ def main(argv=None):
     for t in tuns:
         for off in (10.0, 1000.0):
             try:
-                e = error(be, np.random.default_rng(1), es, off, parse_tun(t))
+                e = error(be, np.random.default_rng(1), es, off, parse_tun(t), a.variant, a.cvtype)
             except Exception as exc:  # noqa: BLE001
                 e = repr(exc)[:200]
             out["errors"][f"{t} +{off:g}"] = e
     with open(a.json, "w") as f:
         json.dump(out, f, indent=1)
-    print(f"\n{be.device.name}: V9 per EM iteration (median of {a.iters}, CUDA events), ms")
+    print(f"\n{be.device.name}: {a.variant} {a.cvtype} per EM iteration (median of {a.iters}, CUDA events), ms")
     print("| (N, D, M) | tunables | iteration | phases (sums+means, cov, factor+E-step) | wall/iter |")
     print("|---|---|---|---|---|")
     for sh, t, r in rows:
