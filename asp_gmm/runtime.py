@@ -195,12 +195,20 @@ class Runtime:
         return self._windowed(fn, items, n)
 
     def _windowed(self, fn, items, n):
+        """At most ``n`` items submitted ahead of the one consumed. Closed early (the consumer
+        raised, or stopped): the items not started are cancelled and those running waited for, so
+        nothing writes into the caller's buffers after it has moved on."""
         pending = [self._host_pool.submit(fn, x) for x in items[:n]]
-        for i in range(len(items)):
-            got = pending[i].result()
-            if i + n < len(items):
-                pending.append(self._host_pool.submit(fn, items[i + n]))
-            yield got
+        try:
+            for i in range(len(items)):
+                got = pending[i].result()
+                if i + n < len(items):
+                    pending.append(self._host_pool.submit(fn, items[i + n]))
+                yield got
+        finally:
+            for f in pending:
+                if not f.cancel():
+                    f.exception()  # (waits; an error of an abandoned item is not the caller's)
 
     def compile_pool(self):
         """The pool :func:`asp_gmm.backends.nvrtc.compile_many` compiles on (one thread per core),

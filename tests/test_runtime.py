@@ -144,3 +144,38 @@ def test_a_forked_child_does_not_inherit_the_parents_thread_pools():
         pytest.fail("the forked child hung on the parent's thread pool")
     assert p.exitcode == 0
     np.testing.assert_array_equal(np.array(q.get(timeout=10)), cov)
+
+
+def test_host_imap_pipelines_in_order_and_leaves_nothing_running_when_closed(monkeypatch):
+    """host_imap yields each result in order with at most ``threads`` items ahead of the consumer;
+    closed early (PinnedRows' DMA loop raised), the items not started never run and those running
+    have finished when close() returns (no host copy left writing into a page-locked buffer)."""
+    import threading
+    import time
+
+    from asp_gmm.runtime import Runtime
+
+    rt = Runtime()
+    monkeypatch.setattr(rt, "host_threads", lambda: 4)
+    started, finished, lock = [], [], threading.Lock()
+
+    def work(i):
+        with lock:
+            started.append(i)
+        time.sleep(0.02)
+        with lock:
+            finished.append(i)
+        return i * i
+
+    assert list(rt.host_imap(work, range(9), threads=2)) == [i * i for i in range(9)]
+    started.clear(), finished.clear()
+    it = rt.host_imap(work, range(20), threads=2)
+    assert next(it) == 0
+    with lock:
+        assert len(started) <= 3  # the consumed item and at most two ahead
+    it.close()
+    with lock:
+        done = sorted(finished)
+        assert sorted(started) == done and len(done) <= 3
+    time.sleep(0.1)
+    assert sorted(finished) == done  # nothing ran after close() returned

@@ -300,6 +300,9 @@ class PinnedRows:
 
                 cuts = range(t0, t1, piece)
                 done = (fill(c) for c in cuts) if nested else rt.host_imap(fill, cuts, PINNED_THREADS)
-                for p0, p1 in done:
-                    drv.memcpy_htod_async(dst + p0 * row, buf[(p0 - t0) * row : (p1 - t0) * row], stream)
-                stream.synchronize()  # (the next turn overwrites the buffer; the caller's data is up)
+                try:
+                    for p0, p1 in done:
+                        drv.memcpy_htod_async(dst + p0 * row, buf[(p0 - t0) * row : (p1 - t0) * row], stream)
+                finally:
+                    done.close()  # (on an error: no fill left running into the buffer)
+                    stream.synchronize()  # (the next turn overwrites the buffer; the caller's data is up)
