@@ -175,16 +175,22 @@ class Runtime:
         data: the seeding's moments, the NaN scan; NumPy releases the GIL in their work). The pool
         is made on first use and kept: a pool made per call cost more than the pass (40 ms a call on
         a 16-core host for 500 000 x 36 events)."""
-        return list(self.host_imap(fn, items))
+        if self.host_threads() < 2:
+            return [fn(x) for x in items]
+        return list(self._host_executor().map(fn, items))
 
     def host_imap(self, fn, items, threads: int | None = None):
         """:meth:`host_map` as an iterator: each result as soon as it and those before it are done
-        (a pipeline: the caller works on the first results while the host threads make the next).
-        ``threads`` caps how many items run at once (default: every host thread)."""
+        (a pipeline: the caller works on the first results while the host threads make the next),
+        at most ``threads`` items (default: every host thread) running ahead of the one consumed."""
         items = list(items)
         n = self.host_threads() if threads is None else max(1, min(int(threads), self.host_threads()))
         if n < 2 or len(items) < 2:
             return (fn(x) for x in items)
+        return self._windowed(fn, items, n)
+
+    def _host_executor(self):
+        """The host threads' pool, made on first use and kept."""
         if self._host_pool is None:
             with self.lock:
                 if self._host_pool is None:
@@ -192,18 +198,19 @@ class Runtime:
 
                     self._host_pool = ThreadPoolExecutor(self.host_threads(), thread_name_prefix="asp_gmm-host")
                     _pools_made(self)
-        return self._windowed(fn, items, n)
+        return self._host_pool
 
     def _windowed(self, fn, items, n):
         """At most ``n`` items submitted ahead of the one consumed. Closed early (the consumer
         raised, or stopped): the items not started are cancelled and those running waited for, so
         nothing writes into the caller's buffers after it has moved on."""
-        pending = [self._host_pool.submit(fn, x) for x in items[:n]]
+        pool = self._host_executor()
+        pending = [pool.submit(fn, x) for x in items[:n]]
         try:
             for i in range(len(items)):
                 got = pending[i].result()
                 if i + n < len(items):
-                    pending.append(self._host_pool.submit(fn, items[i + n]))
+                    pending.append(pool.submit(fn, items[i + n]))
                 yield got
         finally:
             for f in pending:

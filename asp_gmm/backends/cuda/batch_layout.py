@@ -48,9 +48,11 @@ def is_split(variant) -> bool:
 @functools.lru_cache(maxsize=64)
 def packed_cells(D: int) -> tuple:
     """``(pack, unpack)`` for the device's packed covariances (the lower triangle's cells in
-    ``np.tril_indices(D)`` order): ``pack`` (cells,) the cells' places in a row-major D x D matrix,
+    ``np.tril_indices(D)`` order, as every CUDA full-covariance kernel stores them: cell
+    i (i + 1) / 2 + j): ``pack`` (cells,) the cells' places in a row-major D x D matrix,
     ``unpack`` (D * D,) the cell of each place (the symmetric matrix). As flat take-indices: a
-    32-member batch's fancy-indexed (un)packing cost 0.2-1 ms a call."""
+    32-member batch's fancy-indexed (un)packing cost 0.2-1 ms a call. Used by the batches and by
+    the streamed statistics (:mod:`asp_gmm.backends.cuda.stream`)."""
     il = np.tril_indices(D)
     pos = np.empty((D, D), np.intp)
     pos[il] = pos[il[1], il[0]] = np.arange(len(il[0]))

@@ -279,7 +279,6 @@ class PinnedRows:
         drv = self._dev.drv
         nested = threading.current_thread().name.startswith("asp_gmm-host")
         rt = default_runtime()
-        order = sorted(range(len(parts)), key=lambda i: starts[i])
         with self._lock:
             buf = self._ensure(turn * row)
             view = buf[: turn * row].view(np.float32).reshape(turn, D)
@@ -291,8 +290,7 @@ class PinnedRows:
                     """Rows p0 .. p0 + piece of the turn into the buffer (from the parts that
                     overlap them); returns the piece's rows."""
                     p1 = min(t1, p0 + piece)
-                    for i in order:
-                        s, p = starts[i], parts[i]
+                    for s, p in zip(starts, parts):
                         a, b = max(s, p0), min(s + len(p), p1)
                         if a < b:
                             np.copyto(view[a - t0 : b - t0], p[a - s : b - s], casting="same_kind")

@@ -39,6 +39,7 @@ import numpy as np
 from ...errors import KernelError, NonFiniteError, NonFiniteInputError
 from ...problem import Problem
 from ..base import BlockStats, StatsRunner
+from .batch_layout import packed_cells
 
 _TINY_COUNT = 10.0 * np.finfo(np.float64).eps
 _EMPTY = 1e-6
@@ -243,11 +244,7 @@ class CudaStatsRunner(StatsRunner):
         sumx = mb * (nk + _TINY_COUNT)[:, None]
         d = mb - c
         if self.problem.kernel_cvtype == "full":
-            s2 = np.empty((m, D, D))
-            il = np.tril_indices(D)
-            packed = il[0] * (il[0] + 1) // 2 + il[1]
-            s2[:, il[0], il[1]] = acc[:, packed]
-            s2[:, il[1], il[0]] = acc[:, packed]
+            s2 = np.take(acc, packed_cells(D)[1], axis=1).reshape(m, D, D)
             s2 += nk[:, None, None] * np.einsum("ki,kj->kij", d, d)
         else:
             s2 = acc[:, :D] + nk[:, None] * d * d
