@@ -62,11 +62,10 @@ V9 = registry.get("cuda", "V9", "covariance")
 #: tunables that switch a variant to another code path, compiled at every class the variant allows too:
 #: V7's CUDA-core M phase and one component tile a warp; every tmax of V8's manifest (its tile plan: tmax
 #: sets TW, the warps a component's tiles are cut into, each a case of the kernel's switch; tmax values
-#: that cut a class's tiles alike render the same source and are compiled once) and its loop not unrolled
-#: (ku 1); V9's other E-step GEMM
+#: that cut a class's tiles alike render the same source and are compiled once); V9's other E-step GEMM
 PATHS = {
     "V7": [{"mtc": 0}, {"tc_wm": 1}],
-    "V8": [{"tmax": t} for t in V8.tunables["tmax"]] + [{"ku": 1}],  # and the k-step loop not unrolled
+    "V8": [{"tmax": t} for t in V8.tunables["tmax"]],
     "V9": [{"wg": 0, "ws": 0}, {"ws": 0}],  # the mma.sync E-step and sums (the defaults, wgmma, need sm_90a)
 }
 #: problem classes of one variant only (beyond CLASSES): V9 with several 128-component E-step tiles at its

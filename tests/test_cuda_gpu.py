@@ -74,9 +74,6 @@ TUNED = [
     ("V4", {"tile": 2, "threads": 128}),
     ("V4", {"blocks": 528, "tile": 2}),
     ("V4", {"blocks": 132, "threads": 128}),
-    ("V8", {"ku": 1}),  # the k-step loop not unrolled (less machine code a warp), and partly
-    ("V8", {"ku": 4, "events": 64}),
-    ("V8", {"ku": 1, "events": 32, "tmax": 12}),
 ]
 
 
