@@ -307,16 +307,19 @@ class CudaBatchSession(BatchSession):
         return self.backend.memory.resident_xt(A, p, upload)
 
     def _alloc(self, nbytes):
-        buf = self.drv.mem_alloc(max(int(nbytes), 8))
+        buf = self.backend.memory.acquire_bytes(max(int(nbytes), 8))
         self._bufs.append(buf)
         return buf
 
     def close(self):
         if self._bufs:
+            bufs, self._bufs = self._bufs, []
             with self.dev.active():
-                for b in self._bufs:
-                    b.free()
-            self._bufs = []
+                # nothing left queued may still use the block the next session is given (a free
+                # would have waited for it too)
+                self.drv.Context.synchronize()
+            for b in bufs:
+                self.backend.memory.release(b)
 
     # ------------------------------------------------------------------ parameters
     def set_params(self, params, reg_covars):
@@ -513,7 +516,7 @@ class CudaBatchSession(BatchSession):
         :func:`asp_gmm.reference.converged_many`, traces): a batch of 1 000 small problems spent
         3 ms a iteration in a Python loop over its members."""
         B = len(self.problems)
-        N = np.array([max(p.N, 1) for p in self.problems], np.float64)
+        N = np.maximum(np.diff(self.off), 1).astype(np.float64)  # events a member (1 000 max() calls: 0.25 ms)
         skipped = np.zeros(B, bool)
         skipped[list(skip)] = True
         active = ~skipped

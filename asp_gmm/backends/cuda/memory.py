@@ -150,7 +150,29 @@ class DeviceMemory:
         self._hook()
         return _Buffers(self._device(), Problem(cap, problem.D, problem.M, problem.cvtype, problem.dtype))
 
-    def release(self, buf: "_Buffers"):
+    def acquire_bytes(self, nbytes: int) -> "_Block":
+        """An idle block of at least ``nbytes`` device bytes (the smallest at most twice the need),
+        else a new one rounded up like :func:`_capacity`: a batched session carves its buffers from
+        one block, and a new allocation and its free cost 0.3 ms of a 5 ms call of 1 000 small
+        models. Give it back with :meth:`release` once nothing queued on the device uses it."""
+        cap = _capacity(nbytes)
+        with self._lock:
+            fits = [b for b in self._pool if b.key == _Block.key and nbytes <= b.capacity <= 2 * cap]
+            if fits:
+                blk = min(fits, key=lambda b: b.capacity)
+                self._pool.remove(blk)
+                return blk
+        self._hook()
+        try:
+            return _Block(self._device(), cap)
+        except Exception:  # noqa: BLE001 - out of memory: the idle buffers go first, then one more try
+            with self._lock:
+                idle, self._pool = self._pool, []
+            for b in idle:
+                b.free()
+            return _Block(self._device(), cap)
+
+    def release(self, buf: "_Buffers | _Block"):
         with self._lock:
             self._pool.append(buf)
             while len(self._pool) > POOL_IDLE or sum(b.nbytes for b in self._pool) > POOL_IDLE_BYTES:
@@ -188,6 +210,28 @@ class DeviceMemory:
                     raise
                 self._resident[key] = (ident[0], xt, ldn, nbytes)
             return xt, ldn
+
+
+class _Block:
+    """``capacity`` bytes of device memory in one allocation (``int(block)``: its address), pooled by
+    :meth:`DeviceMemory.acquire_bytes` for the batched sessions."""
+
+    key = ("bytes",)
+
+    def __init__(self, dev, nbytes: int):
+        self._dev = dev
+        self.capacity = self.nbytes = int(nbytes)
+        with dev.active():
+            self.alloc = dev.drv.mem_alloc(self.nbytes)
+
+    def __int__(self) -> int:
+        return int(self.alloc)
+
+    def free(self):
+        if self.alloc is not None:
+            with self._dev.active():
+                self.alloc.free()
+            self.alloc = None
 
 
 class _Buffers:
