@@ -251,6 +251,27 @@ class CompileStats:
     compiles = 0
     hits = 0
     seconds = 0.0
+    running = 0  # compiles running now (see running_compiles)
+
+
+_running_lock = threading.Lock()
+
+
+def running_compiles() -> int:
+    """Compiles (a compiler process, or NVRTC in a thread) running in this process now: each keeps
+    a core busy, which the C backend's OpenMP teams leave to it (:func:`asp_gmm.backends.c.threads_for`)."""
+    return CompileStats.running
+
+
+@contextlib.contextmanager
+def _counted():
+    with _running_lock:
+        CompileStats.running += 1
+    try:
+        yield
+    finally:
+        with _running_lock:
+            CompileStats.running -= 1
 
 
 #: A compile still running after this many seconds prints a one-line notice on stderr (once per
@@ -397,17 +418,20 @@ def _compile_into(
         notice = _Notice(name)
         try:
             try:
-                if produce is not None:
-                    data = produce(source, str(src_path))
-                    with open(tmp, "wb") as f:
-                        f.write(data)
-                else:
-                    try:
-                        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                    except OSError as exc:
-                        raise CompileError(cmd, f"could not start the compiler: {exc}", str(src_path), name) from None
-                    if proc.returncode != 0 or os.path.getsize(tmp) == 0:
-                        raise CompileError(cmd, proc.stdout, str(src_path), name)
+                with _counted():
+                    if produce is not None:
+                        data = produce(source, str(src_path))
+                        with open(tmp, "wb") as f:
+                            f.write(data)
+                    else:
+                        try:
+                            proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                        except OSError as exc:
+                            raise CompileError(
+                                cmd, f"could not start the compiler: {exc}", str(src_path), name
+                            ) from None
+                        if proc.returncode != 0 or os.path.getsize(tmp) == 0:
+                            raise CompileError(cmd, proc.stdout, str(src_path), name)
                 os.chmod(tmp, file_mode)  # the linker creates its output with the umask's mode
                 os.replace(tmp, binary)
             except BaseException:
