@@ -251,27 +251,6 @@ class CompileStats:
     compiles = 0
     hits = 0
     seconds = 0.0
-    running = 0  # compiles running now (see running_compiles)
-
-
-_running_lock = threading.Lock()
-
-
-def running_compiles() -> int:
-    """Compiles (a compiler process, or NVRTC in a thread) running in this process now: each keeps
-    a core busy, which the C backend's OpenMP teams leave to it (:func:`asp_gmm.backends.c.threads_for`)."""
-    return CompileStats.running
-
-
-@contextlib.contextmanager
-def _counted():
-    with _running_lock:
-        CompileStats.running += 1
-    try:
-        yield
-    finally:
-        with _running_lock:
-            CompileStats.running -= 1
 
 
 #: A compile still running after this many seconds prints a one-line notice on stderr (once per
@@ -418,7 +397,7 @@ def _compile_into(
         notice = _Notice(name)
         try:
             try:
-                with _counted():
+                with default_runtime().compiling():  # (a core taken: see Runtime.compiling)
                     if produce is not None:
                         data = produce(source, str(src_path))
                         with open(tmp, "wb") as f:

@@ -16,6 +16,7 @@ the child, and a pool that believes it has idle threads never runs what it is gi
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -50,6 +51,7 @@ def _reset_pools_in_child() -> None:  # (run in a forked child only)
     for rt in list(_WITH_POOLS):
         rt.lock = threading.RLock()
         rt._pool = rt._compile_pool = rt._host_pool = None
+        rt.compiles_running = 0  # (the parent's compiles are not the child's)
 
 
 class ExploreCosts:
@@ -108,6 +110,7 @@ class Runtime:
         self._selector = None
         self.warned_slow = False
         self.warned: set = set()
+        self.compiles_running = 0  # compiles running in this process now (see compiling)
         self._pool = None  # the background-compile pool, made on first use
         self._compile_pool = None  # NVRTC's compile threads, made on first use
         self._host_pool = None  # threads for passes over host data (host_map), made on first use
@@ -143,6 +146,20 @@ class Runtime:
         """The memo of the candidates of ``backend``'s problems in this process (made on first use;
         see :meth:`asp_gmm.specializer.Specializer.candidates`)."""
         return self._per_backend(self._candidates, backend, dict)
+
+    @contextlib.contextmanager
+    def compiling(self):
+        """Counts a compile (a compiler process, or NVRTC in a thread) while it runs: it keeps a core
+        busy, which the C backend's short calls leave to it (:func:`asp_gmm.backends.c.threads_for`;
+        :attr:`compiles_running`)."""
+        with self.lock:
+            self.compiles_running += 1
+        _pools_made(self)  # a forked child starts with none running
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.compiles_running -= 1
 
     def explore_costs(self, backend) -> "ExploreCosts":
         """The :class:`ExploreCosts` of ``backend`` in this process (made on first use)."""

@@ -28,6 +28,7 @@ from ..blas import one_blas_thread
 from ..config import settings
 from ..errors import KernelError, NonFiniteError, NotPositiveDefiniteError
 from ..problem import Problem
+from ..runtime import default_runtime
 from .base import Backend, BlockStats, EMRun, Kernel, Session, StatsRunner, block_rows_for
 from .c_decls import CORE_CDEF, load_ffi
 
@@ -256,8 +257,8 @@ def threads_for(problem: Problem) -> int:
         return 1
     n = _omp_threads()
     if problem.work < SHORT_WORK:
-        busy = cache.running_compiles()
-        if busy:
+        busy = default_runtime().compiles_running
+        if busy > 0:
             return max(1, n - busy)
     return n
 
