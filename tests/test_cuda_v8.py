@@ -118,3 +118,36 @@ def test_one_iteration_is_float32_accurate(offset, rng, monkeypatch):
     g.train(X, min_em_iters=1, max_em_iters=1, tol=0.0)
     err = np.linalg.norm(g.covars.astype(np.float64) - r["covars"]) / np.linalg.norm(r["covars"])
     assert err < 1e-5, err
+
+
+@gpu
+@pytest.mark.parametrize("events", [32, 64])
+def test_chunks_without_posterior_are_skipped_exactly(events, rng, monkeypatch):
+    """Events sorted by cluster, clusters 1 000 standard deviations apart: every chunk's posteriors
+    are exactly 0 for all but one or two components, which V8 skips a warp at a time. One
+    iteration from the clusters' own means equals float64 EM, and the same data shuffled (few
+    chunks skipped) gives the same covariances."""
+    monkeypatch.setenv("ASP_GMM_CUDA_ESTEP", "estep_tc")
+    N, D, M = 12_000, 37, 6
+    centres = rng.standard_normal((M, D)) * 1000.0
+    lab = np.sort(rng.integers(0, M, N))
+    X = (centres[lab] + rng.standard_normal((N, D))).astype(np.float32)
+    mu = np.stack([X[lab == k].mean(0) for k in range(M)]).astype(np.float64)
+    cv = np.broadcast_to(np.eye(D) * 1.5, (M, D, D)).copy()
+    w = np.bincount(lab, minlength=M) / N
+    r = ref.em(X.astype(np.float64), w, mu, cv, "full", 1e-6, 1, 1, 0.0)
+    be = cu.CudaBackend()
+    p = Problem(N, D, M, "full", "float32")
+    covs = []
+    for order in (np.arange(N), rng.permutation(N)):
+        s = be.open(X[order], p)
+        try:
+            s.set_params(w, mu, cv, 1e-6)
+            s.em(be.kernel(V8, {"events": events}, p), min_iters=1, max_iters=1, tol=0.0, reg_covar=1e-6)
+            cov = s.params()[2]
+        finally:
+            s.close()
+        err = np.linalg.norm(cov - r["covars"]) / np.linalg.norm(r["covars"])
+        assert err < 1e-5, err
+        covs.append(cov)
+    np.testing.assert_allclose(covs[0], covs[1], rtol=1e-5, atol=1e-6)
