@@ -71,3 +71,41 @@ def test_idle_blocks_are_freed_when_an_allocation_fails():
     with pytest.raises(MemoryError):
         mem.acquire_bytes(1 << 24)
     assert drv.live == 2
+
+
+def _closing_session(sync_fails):
+    """A batched CUDA session holding one pooled block, on fakes (no GPU)."""
+    from types import SimpleNamespace
+
+    from asp_gmm.backends.cuda.batch import CudaBatchSession
+
+    mem, drv = _memory()
+
+    class Context:
+        @staticmethod
+        def synchronize():
+            if sync_fails:
+                raise RuntimeError("cuCtxSynchronize failed: an illegal memory access was encountered")
+
+    drv.Context = Context
+    s = CudaBatchSession.__new__(CudaBatchSession)
+    s.dev, s.drv, s.backend = _Dev(drv), drv, SimpleNamespace(memory=mem)
+    s._bufs = [mem.acquire_bytes(1 << 20)]
+    return s, mem, drv
+
+
+def test_a_closed_batch_session_gives_its_block_back_to_the_pool():
+    s, mem, drv = _closing_session(sync_fails=False)
+    blk = s._bufs[0]
+    s.close()
+    assert mem.acquire_bytes(1 << 20) is blk and drv.freed == 0
+
+
+def test_a_block_of_a_failed_context_is_freed_not_pooled():
+    """After a launch failed, the context cannot be synchronised: the block is freed, never given to
+    the next session, and closing does not hide the launch's own error behind its own."""
+    s, mem, drv = _closing_session(sync_fails=True)
+    blk = s._bufs[0]
+    s.close()
+    assert drv.freed == 1 and drv.live == 0
+    assert mem.acquire_bytes(1 << 20) is not blk

@@ -13,6 +13,8 @@ members that are done or failed are switched off for the next launches.
 
 from __future__ import annotations
 
+import contextlib
+
 import threading
 
 import numpy as np
@@ -314,10 +316,18 @@ class CudaBatchSession(BatchSession):
     def close(self):
         if self._bufs:
             bufs, self._bufs = self._bufs, []
-            with self.dev.active():
-                # nothing left queued may still use the block the next session is given (a free
-                # would have waited for it too)
-                self.drv.Context.synchronize()
+            try:
+                with self.dev.active():
+                    # nothing left queued may still use the block the next session is given (a
+                    # free would have waited for it too)
+                    self.drv.Context.synchronize()
+            except Exception:  # noqa: BLE001 - a failed launch left the context unusable (the error
+                # that stopped the session is the caller's to see, not this one): the blocks are
+                # freed as far as the driver lets, never given to another session
+                for b in bufs:
+                    with contextlib.suppress(Exception):
+                        b.free()
+                return
             for b in bufs:
                 self.backend.memory.release(b)
 
