@@ -14,7 +14,6 @@ members that are done or failed are switched off for the next launches.
 from __future__ import annotations
 
 import contextlib
-
 import threading
 
 import numpy as np
