@@ -75,16 +75,25 @@ def _explored(arg) -> bool:
     return any(getattr(getattr(g, "last_train", None), "explored", None) for g in arg)
 
 
+def _compiles_done() -> bool:
+    """Whether no candidate is compiling in the background: the next calls explore what they
+    compile, and a compile beside small calls slows them (see ``asp_gmm.backends.c.threads_for``)."""
+    from asp_gmm.runtime import default_runtime
+
+    return default_runtime().compiles_running == 0
+
+
 def time_calls(fn, repeats, warm, setup=lambda: None):
     """Median seconds of ``fn(setup())``; ``setup`` (the models with their initial parameters) is
     not timed. First ``warm`` untimed calls, then more (up to :data:`MAX_WARM`) until a call's
-    models explored nothing: one call each of 32 models of different N is 32 classes on a fresh
-    history, which explore for more than 4 calls, and a baseline timed while it explores is slow
-    for a reason the comparison is not about."""
+    models explored nothing and no candidate compiles in the background: one call each of 32
+    models of different N is 32 classes on a fresh history, which explore for more than 4 calls,
+    and a baseline timed while it explores or compiles is slow for a reason the comparison is not
+    about."""
     for k in range(MAX_WARM):
         arg = setup()
         fn(arg)
-        if k + 1 >= warm and not _explored(arg):
+        if k + 1 >= warm and not _explored(arg) and _compiles_done():
             break
     time_calls.warm_calls = k + 1
     ts = []
