@@ -8,7 +8,7 @@ of one iteration against float64 EM with the data offset by +10 and +1000 (relat
 
     python benchmarks/tensorcores.py --shapes 1000000x128x1024,500000x36x128 --iters 5
     python benchmarks/tensorcores.py --variant V8 --cvtype full --shapes 1000000x64x64,500000x36x128 \
-        --tunables "tmax=8;tmax=12;events=32"
+        --tunables "tmax=8;tmax=12;events=64"
 
 The table goes to stdout last; the JSON to ``--json``.
 """
@@ -30,7 +30,7 @@ from asp_gmm import registry  # noqa: E402
 from asp_gmm.problem import Problem  # noqa: E402
 
 REG = 1e-6
-TUNABLES = {"V9": ["wg=0", "wg=1", "wg=1,be=64", "wg=1,kd=32", "wg=0,kd=16"], "V8": ["tmax=8", "tmax=12", "events=32"]}
+TUNABLES = {"V9": ["wg=0", "wg=1", "wg=1,be=64", "wg=1,kd=32", "wg=0,kd=16"], "V8": ["tmax=8", "tmax=12", "events=64"]}
 
 
 def parse_tun(s):
