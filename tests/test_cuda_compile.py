@@ -65,8 +65,7 @@ V9 = registry.get("cuda", "V9", "covariance")
 #: that cut a class's tiles alike render the same source and are compiled once); V9's other E-step GEMM
 PATHS = {
     "V7": [{"mtc": 0}, {"tc_wm": 1}],
-    # (and a staged chunk of each size: the skipped-chunk check reads one or two posteriors a lane)
-    "V8": [{"tmax": t} for t in V8.tunables["tmax"]] + [{"events": e} for e in V8.tunables["events"][1:]],
+    "V8": [{"tmax": t} for t in V8.tunables["tmax"]],
     "V9": [{"wg": 0, "ws": 0}, {"ws": 0}],  # the mma.sync E-step and sums (the defaults, wgmma, need sm_90a)
 }
 #: problem classes of one variant only (beyond CLASSES): V9 with several 128-component E-step tiles at its
