@@ -338,6 +338,22 @@ def overhead(backend_name, calls, log):
     return res
 
 
+def _dump_class(log):
+    """Every timing the default runtime's history holds, per configuration: the median seconds per
+    event on the data and on samples (what the selection compared), with the counts."""
+    from asp_gmm.runtime import default_runtime
+
+    per: dict = {}
+    for h in default_runtime().histories.values():
+        for r in h.rows():
+            if r.status != "ok" or not r.seconds:
+                continue
+            key = (r.variant.name, r.variant.tunables, "sample" if r.sampled_from else "data")
+            per.setdefault(key, []).append(r.seconds / r.N)
+    for (name, tun, where), v in sorted(per.items(), key=lambda kv: statistics.median(kv[1])):
+        log(f"    {where:6s} {1e9 * statistics.median(v):9.2f} ns/event x{len(v)} {name}{tun}")
+
+
 def _close_history():
     """Flush and close the default runtime's history of ``$ASP_GMM_DB`` before its temporary folder
     goes (the exit flush would otherwise warn that the folder is gone)."""
@@ -410,7 +426,7 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
     return out
 
 
-def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full"):
+def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", dump=False):
     """Cumulative cost of ``calls`` consecutive ``GMM.train(X, iters)`` calls on a fresh history
     against the best pinned variant (default tunables), per shape.
 
@@ -472,6 +488,8 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full"):
                         f"    call {k + 1}: {1e3 * t:.1f} ms {ran} ({why}; {spent or 'no sample'})"
                         + (" explored " + ", ".join(explored) if explored else "")
                     )
+                if dump:
+                    _dump_class(log)
                 _close_history()
                 log(
                     f"  ({N}, {D}, {M}) {cvtype} repeat {r}: best pinned {best_name} {1e3 * best:.1f} ms; "
@@ -538,6 +556,7 @@ def main(argv=None):
     )
     ap.add_argument("--regret-calls", type=int, default=30)
     ap.add_argument("--regret-repeats", type=int, default=3)
+    ap.add_argument("--regret-dump", action="store_true", help="log the class's timings after each repeat")
     ap.add_argument("--cvtype", default="full", choices=["full", "diag"])
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
@@ -547,7 +566,9 @@ def main(argv=None):
 
     if args.regret:
         shapes = [tuple(int(float(x)) for x in s.split("x")) for s in args.regret.split(",")]
-        out = regret(args.backend, shapes, args.regret_calls, args.regret_repeats, log, cvtype=args.cvtype)
+        out = regret(
+            args.backend, shapes, args.regret_calls, args.regret_repeats, log, cvtype=args.cvtype, dump=args.regret_dump
+        )
         path = Path(args.out or Path(__file__).parent / "out" / f"selection_regret_{args.backend}.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(out, indent=1))
