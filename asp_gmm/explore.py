@@ -40,7 +40,8 @@ class Exploration:
     else in earlier calls, else the class's whole-data best) times the plan's predicted ratio for
     it (the cost model or the nearest classes; :attr:`Plan.unknown_ratio`, or the widest ratio
     seen in this call, when nothing predicts it), plus the largest per-run overhead seen and the
-    sample's copy when not made yet; it runs only when that fits what is left of the allowance.
+    sample's copy when not made yet and its kernel's load when not loaded yet; it runs only when
+    that fits what is left of the allowance.
 
     The allowance is :data:`EXPLORE_FRACTION` of the call's estimated time plus what earlier calls
     of the class left unspent (:attr:`Plan.banked`, at most :data:`BANK_CALLS` times as much): a class whose
@@ -87,6 +88,13 @@ class Exploration:
         itemsize = getattr(getattr(self.X, "dtype", None), "itemsize", 4)
         return rate * self.sp_problem.N * self.problem.D * itemsize
 
+    def _predicted_load(self) -> float:
+        """A kernel's first load in the process (the last measured, else the backend's prior): a
+        GPU module's load cost 15 ms, charged to no prediction before, and a call exploring V4 at
+        (500 000, 36, 128) full spent 24 ms of a 17 ms allowance."""
+        load = self.sp._costs.load_seconds
+        return getattr(self.sp.backend, "load_seconds_prior", 0.0) if load is None else load
+
     def spent(self) -> float:
         return time.perf_counter() - self.t0 + self.extra
 
@@ -116,8 +124,10 @@ class Exploration:
             rate = min((r for r in (self.fastest, self.sampled) if r), default=self.whole or math.inf)
             unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
             ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, unknown)
+            loaded = backend.is_loaded(cfg.variant, cfg.params, spp)
+            load = 0.0 if loaded else self._predicted_load()
             if allowance is not None and rate < math.inf:
-                predicted = runs_each * ratio * rate * spp.N + self.overhead + self._predicted_copy()
+                predicted = runs_each * ratio * rate * spp.N + self.overhead + self._predicted_copy() + load
                 if self.spent() + predicted > allowance:
                     stopped = True
                     self.skipped.append(cfg.label)
@@ -130,6 +140,8 @@ class Exploration:
             kernel = sp._kernel(cfg, spp, sel)
             if kernel is None:
                 continue
+            if not loaded:
+                sp._costs.load_seconds = time.perf_counter() - t
             try:
                 runs, last = [], 0.0
                 for k in range(runs_each):
@@ -223,6 +235,53 @@ def in_place_cheaper(sp, problem, plan) -> bool:
     return per_iter is None or per_iter < fixed
 
 
+def sample_first(sp, problem, plan, max_iters) -> list:
+    """The configurations a call that explores in place should time on a sample first: those whose
+    in-place price (:meth:`InPlace.price`: an unpredicted one at the backend's
+    :attr:`~asp_gmm.backends.base.Backend.unknown_ratio_prior`, 40 on CUDA) exceeds the allowance
+    while a sampled run of them fits it, taken in the plan's order while the total fits. A sampled
+    run is priced by what sampled explorations cost: the fixed part (the last one's session, copy
+    and per-run overhead, measured, else the backend's prior), the primary's runs on the sample when
+    it was not sampled before, and each configuration's runs at its predicted ratio (else the
+    plan's unknown ratio: a slow configuration overshoots by a sample's iteration, not the
+    data's), per event at the class's sampled rate (else its whole-data rate), with its kernel's
+    load where it is not loaded yet.
+
+    Without this a GPU class whose iteration costs less than a sample's session explored only what
+    the history predicted: on a fresh history nothing, so (500 000, 36, 128) full stayed on the
+    rule's V5 while V8 was 1.5x faster. Empty when the class's call time is not known yet (its
+    first call prices nothing)."""
+    ck = selection.problem_class(problem)
+    t_iter = sp._costs.call_seconds.get(ck)
+    if t_iter is None or not plan.fastest or plan.confirm or not plan.explore:
+        return []
+    probe = InPlace(sp, problem, plan, max_iters, None)
+    allowance = probe._allowance(t_iter)
+    t_kernel = plan.fastest * problem.N
+    fixed = sp._costs.sample_fixed
+    if fixed is None:
+        fixed = getattr(sp.backend, "sample_fixed_prior", 0.0)
+    n = sp.policy.sample_size(problem, len(plan.explore), max_iters)
+    if n >= problem.N:
+        return []
+    runs_each = _runs_each(sp.backend)
+    rate = plan.sampled_fastest or plan.fastest
+    unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, 1.0)
+    total = fixed + (0.0 if plan.primary_sampled else runs_each * rate * n)
+    chosen = []
+    for cfg in plan.explore:
+        if cfg == plan.primary or probe.price(cfg, t_kernel) <= allowance:
+            continue  # in place prices it within the allowance: it runs there
+        cost = runs_each * plan.predicted.get(cfg, unknown) * rate * n
+        if not sp.backend.is_loaded(cfg.variant, cfg.params, problem):
+            load = sp._costs.load_seconds
+            cost += getattr(sp.backend, "load_seconds_prior", 0.0) if load is None else load
+        if total + cost <= allowance:
+            total += cost
+            chosen.append(cfg)
+    return chosen
+
+
 class InPlace:
     """Exploring in place, charged against the policy's allowance.
 
@@ -302,6 +361,29 @@ class InPlace:
         prior = getattr(self.sp.backend, "unknown_ratio_prior", 0.0)
         return max(self.plan.unknown_ratio or selection.UNKNOWN_RATIO, prior)
 
+    def _priced(self, cfg, t_kernel, unknown, loaded):
+        """(ratio, load, seconds) a configuration is charged before it runs in place: its
+        ratio (predicted, a whole-data check's sampled time against ``t_kernel``, else
+        ``unknown``) less one, times ``t_kernel`` per run, plus its kernel's look-up or load."""
+        sp, problem, plan = self.sp, self.problem, self.plan
+        ratio = plan.predicted.get(cfg, unknown)
+        sampled = plan.confirm_times.get(cfg)
+        if sampled is not None and t_kernel:
+            # a whole-data check: its sampled time against the primary's, timed on the data now
+            ratio = max(sampled * problem.N / t_kernel, 1.0)
+        load = sp._costs.lookup.get(selection.problem_class(problem), 0.0)
+        if not loaded:
+            load = sp._costs.load_seconds
+            if load is None:
+                load = getattr(sp.backend, "load_seconds_prior", 0.0)
+        return ratio, load, _runs_each(sp.backend) * max(ratio - 1.0, 0.0) * t_kernel + load
+
+    def price(self, cfg, t_kernel) -> float:
+        """Seconds exploring ``cfg`` in place is charged against the allowance (before it runs),
+        with the class's fastest iteration ``t_kernel`` seconds."""
+        loaded = self.sp.backend.is_loaded(cfg.variant, cfg.params, self.problem)
+        return self._priced(cfg, t_kernel, self._unknown(), loaded)[2]
+
     def explore(self, iters_left) -> list:
         """Explore what fits while at least one iteration is left for the best; returns the labels
         explored."""
@@ -312,18 +394,8 @@ class InPlace:
         for cfg in plan.explore:
             if iters_left() < runs_each + 1:
                 break
-            ratio = plan.predicted.get(cfg, unknown)
-            sampled = plan.confirm_times.get(cfg)
-            if sampled is not None and self.t_kernel:
-                # a whole-data check: its sampled time against the primary's, timed on the data now
-                ratio = max(sampled * problem.N / self.t_kernel, 1.0)
             loaded = backend.is_loaded(cfg.variant, cfg.params, problem)
-            load = sp._costs.lookup.get(ck, 0.0)
-            if not loaded:
-                load = sp._costs.load_seconds
-                if load is None:
-                    load = getattr(backend, "load_seconds_prior", 0.0)
-            predicted = runs_each * max(ratio - 1.0, 0.0) * self.t_kernel + load
+            ratio, load, predicted = self._priced(cfg, self.t_kernel, unknown, loaded)
             log.debug(
                 "in place %s: ratio %.3g, load %.3g s, predicted %.3g s; %.3g of %.3g s spent",
                 cfg.label,

@@ -28,7 +28,7 @@ from .runtime import default_runtime
 from .reference import change_per_event
 from .reference import converged as converged_rule
 from .selection import Config
-from .explore import BANK_CALLS, Exploration, InPlace, in_place_cheaper
+from .explore import BANK_CALLS, Exploration, InPlace, in_place_cheaper, sample_first
 
 __all__ = ["BANK_CALLS", "SAMPLE_ROUNDS", "Specializer"]
 
@@ -210,7 +210,9 @@ class Specializer:
             and not plan.primary_in_background
             and (plan.confirm or in_place_cheaper(self, problem, plan))
         )
-        if gated:
+        # ... but what in place cannot afford (nothing predicts it) is timed on a sample first
+        first = sample_first(self, problem, plan, max_iters) if gated and tuning and max_iters >= 2 else []
+        if gated and not first:
             sample = problem.N
         note = ""
         spent_before = 0.0  # what the call's sampled exploration spent, before exploring in place
@@ -218,7 +220,9 @@ class Specializer:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
             # run every iteration with the best configuration the history now knows
             sampled = []
-            ex = Exploration(self, X, problem, sample, max_iters, plan)
+            ex = Exploration(
+                self, X, problem, sample, max_iters, dataclasses.replace(plan, explore=first) if first else plan
+            )
             try:
                 for _ in range(SAMPLE_ROUNDS):  # the variants, then the tunable search while the budget lasts
                     done, stopped = ex.round(plan, weights, means, covars, reg_covar)
@@ -226,13 +230,16 @@ class Specializer:
                     if not done and not ex.failed:
                         break  # nothing measured, nothing failed: the plan stands (planning again cost 0.2 ms)
                     plan = sel.choose(backend, problem, self.candidates(problem, variant, weighed), tuning=tuning)
-                    if stopped or not done or not plan.explore or plan.confirm:
+                    if stopped or not done or not plan.explore or plan.confirm or first:
                         break  # (a whole-data check runs in place, below)
             finally:
                 ex.close()
             self.last_exploration = ex.account()
             note = ex.summary()
             explore = []
+            if first:
+                # the rest explores in place, within what the sample left of the allowance
+                explore, spent_before = list(plan.explore), self.last_exploration["spent"]
             if tuning and max_iters >= 2 and not plan.primary_in_background:
                 # variants close to the sample's winner on the sample run on the data in this call
                 # (in place, within what the sample left of the allowance): a sample fits caches the

@@ -340,6 +340,47 @@ def test_in_place_a_configuration_predicted_to_overshoot_is_left_for_a_later_cal
     h.close()
 
 
+class _UnknownCostlyBackend(FakeBackend):
+    """A GPU-like backend: a sampled exploration's fixed part costs more than one EM iteration of
+    the class (so it explores in place) and an unpredicted configuration is charged 40x the
+    fastest in place (so nothing unpredicted ever fits there); ``opened`` lists the sessions' N."""
+
+    unknown_ratio_prior = 40.0
+    sample_fixed_prior = 0.05
+
+    def open(self, X, problem):
+        self.opened = getattr(self, "opened", []) + [problem.N]
+        return super().open(X, problem)
+
+
+def test_what_in_place_cannot_afford_is_timed_on_a_sample_within_the_allowance(tmp_path, monkeypatch, rng):
+    """A class that explores in place with nothing predicted (a fresh history) explored nothing,
+    ever (on the H200, (500 000, 36, 128) full stayed on V5 while V8 was 1.5x faster); now the
+    candidates in place cannot afford are timed on a sample where that fits the allowance (with
+    what earlier calls left unspent), every call within its allowance, and the class moves to the
+    fastest once a whole-data check confirms it."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    # V4 (the rule's first) 14 ms an iteration at N = 140 000 in reported time; V3 is 2x faster
+    be = _UnknownCostlyBackend(costs={"V1": 4e-7, "V2": 1.5e-7, "V3": 0.5e-7, "V4": 1e-7, "V5": 2e-7})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    used, sampled_calls = [], 0
+    for call in range(8):
+        res = _train(sp, X, 2, iters=10)
+        used.append(res.variant.split("(")[0])
+        a = sp.last_exploration
+        if a is not None:
+            assert a["spent"] <= a["allowance"] * (1 + 1e-9), (call, a)
+        if any(n < 140000 for n in be.opened):
+            sampled_calls += 1
+        be.opened = []
+    h.flush()
+    assert sampled_calls >= 1 and any(r.sampled_from for r in h.rows())
+    assert used[-1] == "V3", used
+    h.close()
+
+
 # ------------------------------------------------------------------ pruning
 def test_a_candidate_predicted_far_slower_is_pruned(rules, monkeypatch):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
@@ -827,4 +868,93 @@ def test_a_sample_only_class_checks_its_winner_against_the_rules_choice_in_one_c
     on_data = [(n, k) for n, nn, k in be.log if nn == N]
     assert on_data == [("V2", 1), ("V4", 1), ("V3", 1), ("V4", 7)], (on_data, res.why)
     assert res.variant.split("(")[0] == "V4"
+    h.close()
+
+
+class _UnderfillBackend(_CacheBackend):
+    """Samples under-fill this device (a GPU): V5 runs a sample faster than V4, V4 the data faster."""
+
+    samples_underfill = True
+
+
+def test_where_samples_under_fill_the_device_a_variant_slower_on_the_sample_is_checked_on_the_data(
+    tmp_path, monkeypatch, rng
+):
+    """V4 is put after V5 by this backend's rule and runs a sample 1.3x slower than V5 but the data
+    2x faster (on an H200 at (500 000, 36, 128) full, V8 against V5). The call whose sampled
+    exploration times V4 checks it on the data in place and runs the rest on it; without
+    ``samples_underfill`` (a CPU, whose samples fit caches) it is not checked there."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    # (reported times below the NumPy runs' wall clock, which the allowances are reckoned from)
+    sample_costs = {"V1": 2.2e-8, "V2": 2.1e-8, "V3": 2e-8, "V4": 1.3e-8, "V5": 1.0e-8}
+    costs = {"V1": 2.2e-8, "V2": 2.1e-8, "V3": 2e-8, "V4": 0.5e-8, "V5": 1.0e-8}
+    for cls, checked in ((_UnderfillBackend, True), (_CacheBackend, False)):
+        h = History(f"sqlite:///{tmp_path / (cls.__name__ + '.sqlite')}")
+        be = cls(sample_costs, costs)
+        be.preference = ["V5", "V4", "V3", "V2", "V1"]
+        sp = Specializer(be, HistorySelector(h))
+        X = make_blobs(rng, 140000, 3, 2)
+        ran = []
+        for _ in range(5):
+            be.log.clear()
+            res = _train(sp, X, 2, iters=10)
+            ran.append((res.variant.split("(")[0], [(n, k) for n, nn, k in be.log if nn == 140000]))
+        on_data = {n for _, runs in ran for n, _ in runs}
+        assert ("V4" in on_data) == checked, ran
+        if checked:
+            assert ran[-1][0] == "V4", ran
+        h.close()
+
+
+def test_a_rule_tail_variant_behind_one_measured_far_slower_is_not_explored(tmp_path, monkeypatch):
+    """The backend's rule_tail (CUDA: V3, V2, V1, 10-200x the fastest on the rule's grid) is left
+    unexplored in a class where a variant the rule puts before it ran RULE_TAIL_FACTOR times the
+    best; a tail variant ahead of that measurement, or a backend without a tail, explores as before."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    be = FakeBackend(RULE_VARIANTS)
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    sel = HistorySelector(h)
+    p = Problem(300000, 5, 7, "full", "float32")  # a class the replayed history has not seen
+    cfgs = {c.variant.name: c for c in cands(p)}
+    sel.record(be, p, cfgs["V4"], "ok", 1e-6 * p.N, None, 1)
+    sel.record(be, p, cfgs["V3"], "ok", 2.5e-6 * p.N, None, 1)  # the rule: V4, V3, V2, V1
+    plan = sel.plan(be, p, cands(p))
+    assert {c.variant.name for c in plan.explore} == {"V2", "V1"}  # no tail: explored
+    be.rule_tail = ("V2", "V1")
+    sel = HistorySelector(h)
+    plan = sel.plan(be, p, cands(p))
+    assert plan.explore == [] or {c.variant.name for c in plan.explore} == {"V3"}, plan.explore
+    assert {c.variant.name for c in plan.pruned} >= {"V2", "V1"}
+    h.close()
+
+
+class _SlowLoadBackend(FakeBackend):
+    """A backend whose kernels' first load costs (a GPU module: ~15 ms); V3 is never loaded."""
+
+    load_seconds_prior = 1e3
+
+    def is_loaded(self, variant, tunables, problem):
+        return variant.name != "V3"
+
+
+def test_a_kernels_first_load_is_charged_before_a_sampled_run(tmp_path, monkeypatch, rng):
+    """A configuration whose kernel is not loaded yet is charged its load (the backend's prior until
+    one is measured) before it runs on the sample: here V3's would overshoot every allowance, so it
+    is left for later calls while the others are explored; the load was not predicted before (a
+    call exploring V4 at (500 000, 36, 128) full on an H200 spent 24 ms of a 17 ms allowance)."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = _SlowLoadBackend(costs={"V1": 1.1e-5, "V2": 1.05e-5, "V3": 1e-5, "V4": 1e-5, "V5": 1.2e-5})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 400000, 3, 2)
+    explored, skipped = [], set()
+    for _ in range(4):
+        res = _train(sp, X, 2, iters=10)
+        explored += res.explored
+        a = sp.last_exploration
+        if a is not None:
+            skipped |= set(a["skipped"])
+    assert not any(label.startswith("V3") for label in explored), explored
+    assert any(label.startswith("V3") for label in skipped), skipped
+    assert {"V2", "V1"} <= {label.split("(")[0] for label in explored}, explored
     h.close()

@@ -169,6 +169,14 @@ class Backend(abc.ABC):
     #: is wider): in place, a ratio set too low overshoots by whole iterations of the data, where a
     #: sampled run overshoots by a sample's.
     unknown_ratio_prior: float = 0.0
+    #: Variants the fixed rule puts last because they are slow wherever a later one can run: one of
+    #: them is not explored in a class where a variant the rule puts before it measured
+    #: ``RULE_TAIL_FACTOR`` times the best or more (they stay fallbacks).
+    rule_tail: tuple = ()
+    #: True when an exploration sample leaves the device partly idle, so that a variant that gains
+    #: with size looks slower on it than on the data (a GPU): every variant within
+    #: ``CONFIRM_WITHIN`` of the fastest on the sample is checked on the data (``selection/confirm.py``).
+    samples_underfill: bool = False
     #: Seconds a kernel's first load in a process is assumed to cost until one is measured (an
     #: exploring call charges it to its allowance before loading an unloaded configuration).
     load_seconds_prior: float = 0.0

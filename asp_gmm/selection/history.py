@@ -218,6 +218,10 @@ class HistorySelector(Selector):
                     explore.append(c)
                     if r is not None:
                         ratios[c] = math.exp(r[0])
+            tail = self._rule_tail(backend, problem, valid, scores, best, explore)
+            if tail:
+                pruned += tail
+                explore = [c for c in explore if c not in tail]
             primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
             why = how + (
                 f"; pruned {', '.join(c.label for c in pruned)} (predicted > {_plan.PRUNE_FACTOR:g}x the best)"
@@ -240,11 +244,14 @@ class HistorySelector(Selector):
                 )
         explore = [c for c in explore if c != primary] if untried else explore
         confirm, confirm_times = False, {}
-        if not explore and not untried and best is not None:
-            # the search has converged: variants timed only on samples run on the whole data
-            checked, explore, ratios, confirm_times = checks(self.vkey, backend, problem, options, best, idx)
-            if explore:
-                confirm, primary = True, checked
+        early = getattr(backend, "samples_underfill", False)
+        if best is not None and (early or (not explore and not untried)):
+            # the search has converged (where samples under-fill the device, at once: a variant
+            # close to the best on the sample may win on the data): variants timed only on samples
+            # run on the whole data
+            checked, conf, ratios_c, times = checks(self.vkey, backend, problem, options, best, idx)
+            if conf:
+                confirm, primary, explore, ratios, confirm_times = True, checked, conf, ratios_c, times
                 why = "on the whole data next (timed on samples only): " + ", ".join(c.label for c in explore)
         if not explore:
             return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
@@ -293,6 +300,23 @@ class HistorySelector(Selector):
         return dataclasses.replace(
             plan, primary=primary, explore=conf, predicted=ratios, confirm=True, confirm_times=times, why=why
         )
+
+    def _rule_tail(self, backend, problem, valid, scores, best, explore) -> list:
+        """Untried variants of the backend's :attr:`~asp_gmm.backends.base.Backend.rule_tail` that
+        the fixed rule puts after a variant measured in the class at :data:`RULE_TAIL_FACTOR` times
+        the class's best or more: the rule orders by expected speed, so they are left unexplored
+        (still fallbacks). On a fresh history nothing else predicts them: at (500 000, 36, 128)
+        full on an H200, V3, V2 and V1 (5.9-8.2x V8's call) took the allowance of three calls
+        after V4 had run 4x."""
+        names = set(getattr(backend, "rule_tail", ()))
+        if not names or best is None:
+            return []
+        order = rule_order(backend, valid, problem.kernel_cvtype)
+        for i, c in enumerate(order):
+            t = scores.get(self.vkey(c))
+            if t is not None and t >= _plan.RULE_TAIL_FACTOR * best[1]:
+                return [o for o in order[i + 1 :] if o.variant.name in names and o in explore]
+        return []
 
     @staticmethod
     def _banked(idx, problem) -> float:

@@ -112,6 +112,11 @@ SAMPLE_MIN = 32768
 PRUNE_FACTOR = 1.5
 #: ... provided the prediction draws on at least this many measured classes.
 PRUNE_MIN_CLASSES = 2
+#: A variant of a backend's ``rule_tail`` is not explored in a class where a variant the rule puts
+#: before it was measured this many times slower than the class's best (see
+#: ``HistorySelector._rule_tail``): the tail runs slower still wherever the rule's grid measured it
+#: (CUDA's V1-V3: 10-200x the best), so it cannot win there.
+RULE_TAIL_FACTOR = 2.0
 #: Variants whose (best) time in the class is within this factor of the best get their tunables
 #: searched, at most :data:`TUNE_VARIANTS` of them, :data:`TUNE_PROPOSALS` combinations a call.
 TUNE_WITHIN = 1.25

@@ -116,6 +116,11 @@ class CudaBackend(Backend):
     #: V2 ~10x (one EM iteration timed by CUDA events); a fresh history assumed 4x and explored V3
     #: in place for 8 ms of a 0.8 ms allowance
     unknown_ratio_prior = 40.0
+    #: V1-V3 ran 10-200x the fastest variant at every shape of benchmarks/rule_order.py's grid (N
+    #: 2e5-1e6), and 5.9-8.2x V8's whole call at (500 000, 36, 128) full, H200
+    rule_tail = ("V3", "V2", "V1")
+    #: a 32 768-event sample of (500 000, 36, 128) full ran V8 slower than V5; the data 1.5x faster
+    samples_underfill = True
     #: a cached module's load (cuModuleLoad and its functions), H100/H200: ~15 ms
     load_seconds_prior = 0.015
     #: a sampled exploration's session over a 32 768-event sample, its upload and two runs of one
