@@ -64,7 +64,9 @@ large enough for a sample whose EM iteration costs less than a sampled explorati
 ``sample_fixed_prior``; on CUDA also a class with nothing measured yet) explores in place within
 the allowance (:class:`asp_gmm.explore.InPlace`): the call's first iteration prices the others,
 each runs one of the call's iterations when its predicted extra cost fits, and the best
-configuration then known runs the rest. Untried
+configuration then known runs the rest; what in place cannot afford (an unpredicted
+configuration is charged the backend's ``unknown_ratio_prior`` there, 40 on CUDA) is timed on a
+sample first where the sample's price fits the allowance (``asp_gmm.explore.sample_first``). Untried
 candidates that the prediction puts more than :data:`PRUNE_FACTOR` times slower than the best,
 on at least :data:`PRUNE_MIN_CLASSES` measured classes *of the problem's cvtype and dtype* (the
 classes the cost model of each configuration rests on), are pruned (``Plan.pruned``).
@@ -80,11 +82,21 @@ it on the data) run one iteration each on the data, in place, within the allowan
 (:attr:`Plan.confirm`, :mod:`asp_gmm.selection.confirm`; in the call that sampled them, with what
 the sample left of its allowance, else in a later call), each priced by its sampled time against
 the call's first iteration on the data; meanwhile the call runs the best configuration timed on
-the data where there is one. The best on the data then runs the rest.
+the data where there is one. The best on the data then runs the rest. A GPU's sample leaves it
+partly idle, so there a variant that gains with size looks slower on the sample
+(``Backend.samples_underfill``; H200, (500 000, 36, 128) full: V8 1.3 % slower than V5 on the
+sample, 1.3x faster on the data): every variant within :data:`CONFIRM_WITHIN` of the fastest on
+the sample is checked, wherever the rule puts it, as soon as it is sampled (not only once the
+class has explored everything), priced by its ratio to the primary's sampled time.
+
+*The rule's tail.* A backend's ``rule_tail`` (CUDA: V3, V2, V1, 10-200x the best at every shape
+of ``benchmarks/rule_order.py``) is not explored in a class where a variant the rule puts before
+it ran :data:`RULE_TAIL_FACTOR` times the best or more; they stay fallbacks.
 
 *An allowance that holds* (issue 37). Every cost of the sampled exploration is charged by the wall
-clock (the sample's copy and session, kernel look-ups, parameter uploads, launches; nothing is
-compiled to explore) and each configuration's cost is predicted before it runs: the fastest
+clock (the sample's copy and session, kernel look-ups and first loads, parameter uploads,
+launches; nothing is compiled to explore) and each configuration's cost is predicted before it
+runs (a kernel's first load included: the last measured, else ``load_seconds_prior``): the fastest
 sampled per-event time times the plan's predicted ratio (``Plan.predicted``: the cost model or the
 nearest classes; for tunables the variant's time times the prior, else :data:`TUNE_RATIO`), or
 ``Plan.unknown_ratio`` (the device's widest measured spread, at least :data:`UNKNOWN_RATIO`)
@@ -122,6 +134,7 @@ from .plan import (  # noqa: F401
     PREFERENCE,
     PRUNE_FACTOR,
     PRUNE_MIN_CLASSES,
+    RULE_TAIL_FACTOR,
     SAMPLE_MIN,
     TUNE_PROPOSALS,
     TUNE_RATIO,
