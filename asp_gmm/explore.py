@@ -249,7 +249,7 @@ def sample_first(sp, problem, plan, max_iters) -> list:
 
     Without this a GPU class whose iteration costs less than a sample's session explored only what
     the history predicted: on a fresh history nothing, so (500 000, 36, 128) full stayed on the
-    rule's V5 while V8 was 1.5x faster. Empty when the class's call time is not known yet (its
+    rule's V5 while V8 ran its iterations 1.3x faster. Empty when the class's call time is not known yet (its
     first call prices nothing)."""
     ck = selection.problem_class(problem)
     t_iter = sp._costs.call_seconds.get(ck)

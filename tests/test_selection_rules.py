@@ -355,7 +355,7 @@ class _UnknownCostlyBackend(FakeBackend):
 
 def test_what_in_place_cannot_afford_is_timed_on_a_sample_within_the_allowance(tmp_path, monkeypatch, rng):
     """A class that explores in place with nothing predicted (a fresh history) explored nothing,
-    ever (on the H200, (500 000, 36, 128) full stayed on V5 while V8 was 1.5x faster); now the
+    ever (on the H200, (500 000, 36, 128) full stayed on V5 while V8 ran its iterations 1.3x faster); now the
     candidates in place cannot afford are timed on a sample where that fits the allowance (with
     what earlier calls left unspent), every call within its allowance, and the class moves to the
     fastest once a whole-data check confirms it."""

@@ -51,7 +51,7 @@ def checks(vkey, backend, problem, options, best, idx) -> tuple:
     # the variants the rule puts before the best's and close to the fastest on the sample: one the
     # rule puts after, and slower on the sample as well, has nothing that says it might win, unless
     # the backend's samples under-fill it (a GPU: at (500 000, 36, 128) full on an H200 V8 ran
-    # slower than V5 on a 32 768-event sample and 1.5x faster on the data, and was checked there
+    # slower than V5 on a 32 768-event sample and 1.3x faster on the data, and was checked there
     # only once every other variant and tunable had been explored, nine calls later)
     underfills = getattr(backend, "samples_underfill", False)
     top = rank[best[0].variant.name]
