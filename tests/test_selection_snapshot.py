@@ -208,3 +208,36 @@ def test_queued_rows_are_never_saved(tmp_path, cache):
     snapshot.save_all()
     assert not (cache / "selection").exists() or not list((cache / "selection").glob("*.json"))
     h.close()
+
+
+def test_the_folder_keeps_the_most_recently_used_files(tmp_path, cache, monkeypatch):
+    """Temporary histories (tests, benchmarks) left their files behind for good; saving now keeps
+    the KEEP_FILES most recently used (a load marks its file used), never another user's or
+    another name, and the file just written."""
+    monkeypatch.setattr(snapshot, "KEEP_FILES", 4)
+    url, be, sel, h = _saved(tmp_path, 0)  # the history in use: its file, loaded later
+    folder = cache / "selection"
+    (ours,) = folder.glob("*.json")
+    old = []
+    for k in range(6):  # files of histories that are gone, older than ours
+        f = folder / f"{k:040x}.json"
+        f.write_text("{}")
+        os.utime(f, (1000 + k, 1000 + k))
+        old.append(f)
+    os.utime(ours, (500, 500))  # oldest of all, until a load uses it
+    other = folder / "notes.json"
+    other.write_text("{}")
+    sel2, h2 = _fresh(url)
+    assert sel2.index(be).view.start_id > 0  # loaded, and marked used
+    url3 = f"sqlite:///{tmp_path / 'h3.sqlite'}"  # another history, saved: the folder is pruned
+    sel3, h3 = _fresh(url3)
+    _fill(sel3, be, np.random.default_rng(3), 200)
+    h3.flush()
+    _fresh(url3)[0].index(be)
+    snapshot.save_all()
+    left = {p.name for p in folder.glob("*.json")}
+    assert ours.name in left and "notes.json" in left
+    assert len(left - {"notes.json"}) == 4
+    assert {f.name for f in old[-2:]} <= left and not {f.name for f in old[:4]} & left
+    for x in (h, h2, h3):
+        x.close()

@@ -18,6 +18,7 @@ after :data:`RESAVE_ROWS` more rows, and never from a process that folded rows n
 ids are not known). The file is JSON (never code), written atomically (``os.replace``) in the
 compile cache's private folder, and read only when it belongs to this user and no one else can
 write it; any problem with it (missing, damaged, foreign) means reading the rows, as without it.
+The folder keeps the :data:`KEEP_FILES` most recently used files (a load marks its file used).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ MIN_ROWS = 1000
 RESAVE_ROWS = 2000
 #: Rows whose ids and uids show that the history still holds the saved rows (any one suffices).
 ANCHORS = 32
+#: Saved files kept in the folder, the most recently used (one per history and device): a history
+#: that is gone (a test's, a benchmark's temporary one) left its file behind for good, 75-430 KB
+#: each (77 files, 6.2 MB, in one developer's cache after a day's benchmarks). A file removed
+#: means only that its history is read in full once more.
+KEEP_FILES = 32
 
 _lock = threading.Lock()
 _to_save: dict = {}  # path -> (index, the document to write: its state captured when noted)
@@ -103,9 +109,14 @@ def load(history, device_id: str):
         stored = history.row_uids(list(anchors))
         if not any(stored.get(i) == u for i, u in anchors.items()):  # cleared or replaced
             return None
-        return doc["state"], max_id
-    except (KeyError, TypeError, ValueError):
+        state = doc["state"]
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
+    try:
+        os.utime(p)  # used: the last to be removed (:func:`_prune`)
+    except OSError:
+        pass
+    return state, max_id
 
 
 def capture(idx, history, device_id: str) -> None:
@@ -164,8 +175,33 @@ def save_all() -> None:
                     loo[ct] = [*ct, n, nn, md]
             doc["state"]["loo"] = list(loo.values())
             _write(p, doc)
+            _prune(p)
         except Exception as exc:  # noqa: BLE001 - never raise at exit; the next process reads the rows
             log.debug("asp_gmm: could not save the selection aggregates %s (%s)", p, exc)
+
+
+def _prune(keep: Path) -> None:
+    """Remove all but the :data:`KEEP_FILES` most recently used saved files of ``keep``'s folder
+    (``keep`` itself, just written, stays): only this module's names, regular files of this user."""
+    files = []
+    with os.scandir(keep.parent) as it:
+        for e in it:
+            if len(e.name) != 45 or not e.name.endswith(".json") or e.name == keep.name:
+                continue
+            if any(ch not in "0123456789abcdef" for ch in e.name[:40]):
+                continue
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                files.append((st.st_mtime, e.path))
+    files.sort(reverse=True)
+    for _, path in files[KEEP_FILES - 1 :]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _write(p: Path, doc: dict) -> None:
