@@ -179,8 +179,13 @@ def test_a_damaged_or_foreign_file_is_ignored_and_replaced(tmp_path, cache):
     doc["state"]["classes"][0][1][0][0] = 10_000  # a variant number out of range
     path.write_text(json.dumps(doc))
     assert _fresh(url)[0].index(be).view.start_id == 0
+    path.write_text("[1, 2]")  # valid JSON, not an object: read the rows (it raised before)
+    sel5, h5 = _fresh(url)
+    assert sel5.index(be).view.start_id == 0
+    assert sel5.plan(be, Problem(30_000, 12, 16, "diag"), CONFIGS).reason != "rule"  # the history serves
     h.close()
     h4.close()
+    h5.close()
 
 
 def test_no_file_where_the_cache_folder_is_missing_or_shared(tmp_path, cache):
