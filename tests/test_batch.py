@@ -628,3 +628,29 @@ def test_c_batch_cache_lookups_are_remembered(monkeypatch):
     assert not support.is_ready(v, tun, bp) and len(asked) == 1  # still taken as absent
     clock["t"] += support.ABSENT_S
     assert all(support.is_ready(v, tun, bp) for _ in range(3)) and len(asked) == 2
+
+
+@pytest.mark.parametrize("tile_vecs", registry.get("c", "CBF", "batch").tunables["tile_vecs"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_batch_at_every_tile_size_against_reference(tile_vecs, dtype, rng, monkeypatch):
+    """CBF at each tile size of its manifest (16 vectors a tile sums its even and odd vectors
+    apart, core.c.j2: tile_shifted_moments): members below one tile, one tile and two events over
+    (both halves of the last tile partly padding), M = 1, D not a multiple of the lanes, X + 1000,
+    against the float64 reference."""
+    v = registry.get("c", "CBF", "batch")
+    monkeypatch.setitem(v.tunables, "tile_vecs", [tile_vecs] + [t for t in v.tunables["tile_vecs"] if t != tile_vecs])
+    lanes = 8 if dtype == np.float32 else 4
+    D, tile = 5, lanes * tile_vecs  # (padded to 6: a block of four dimensions and two more)
+    data, params = [], []
+    for k, (N, M) in enumerate([(5, 1), (tile + 2, 3), (tile * 3 - 1, 1), (2000, 5)]):
+        X = make_blobs(rng, N, D, min(M, 3), offset=1000.0 if k % 2 else 0.0, dtype=dtype)
+        data.append(X)
+        params.append(init_params(rng, X, M, "diag"))
+    many = _models(params, D, "diag", dtype, "c")
+    train_many(many, data, min_em_iters=2, max_em_iters=2, tol=0.0, variant="CBF")
+    assert f"tile_vecs={tile_vecs}" in many[0].last_variant
+    tol = TOL["float32" if dtype == np.float32 else "float64"]
+    for b, (g, X, (w, mu, cv)) in enumerate(zip(many, data, params)):
+        r = ref.em(X.astype(np.float64), w, mu, cv, "diag", 1e-6, 2, 2, 0.0)
+        _close(g.covars, r["covars"], tol, f"member {b} covars")
+        _close(g.means, r["means"], tol, f"member {b} means")
