@@ -925,6 +925,7 @@ def test_a_rule_tail_variant_behind_one_measured_far_slower_is_not_explored(tmp_
     plan = sel.plan(be, p, cands(p))
     assert plan.explore == [] or {c.variant.name for c in plan.explore} == {"V3"}, plan.explore
     assert {c.variant.name for c in plan.pruned} >= {"V2", "V1"}
+    assert "the rule's tail" in plan.why and "predicted >" not in plan.why
     h.close()
 
 

@@ -218,16 +218,22 @@ class HistorySelector(Selector):
                     explore.append(c)
                     if r is not None:
                         ratios[c] = math.exp(r[0])
+            predicted_slow = list(pruned)
             tail = self._rule_tail(backend, problem, valid, scores, best, explore)
             if tail:
                 pruned += tail
                 explore = [c for c in explore if c not in tail]
             primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
             why = how + (
-                f"; pruned {', '.join(c.label for c in pruned)} (predicted > {_plan.PRUNE_FACTOR:g}x the best)"
-                if pruned
+                f"; pruned {', '.join(c.label for c in predicted_slow)} (predicted > {_plan.PRUNE_FACTOR:g}x the best)"
+                if predicted_slow
                 else ""
             )
+            if tail:
+                why += (
+                    f"; not explored: {', '.join(c.label for c in tail)} (the rule's tail, behind a variant "
+                    f"measured >= {_plan.RULE_TAIL_FACTOR:g}x the best)"
+                )
         else:
             primary = best[0]
         if not explore:
