@@ -224,16 +224,14 @@ class HistorySelector(Selector):
                 pruned += tail
                 explore = [c for c in explore if c not in tail]
             primary = best[0] if best else next((c for c in ranking if c not in pruned), ranking[0])
-            why = how + (
-                f"; pruned {', '.join(c.label for c in predicted_slow)} (predicted > {_plan.PRUNE_FACTOR:g}x the best)"
-                if predicted_slow
-                else ""
-            )
-            if tail:
-                why += (
-                    f"; not explored: {', '.join(c.label for c in tail)} (the rule's tail, behind a variant "
-                    f"measured >= {_plan.RULE_TAIL_FACTOR:g}x the best)"
+            why = how + "".join(
+                f"; {what} {', '.join(c.label for c in cs)} ({note})"
+                for what, cs, note in (
+                    ("pruned", predicted_slow, f"predicted > {_plan.PRUNE_FACTOR:g}x the best"),
+                    ("not explored:", tail, f"the rule's tail, behind one >= {_plan.RULE_TAIL_FACTOR:g}x the best"),
                 )
+                if cs
+            )
         else:
             primary = best[0]
         if not explore:
