@@ -23,6 +23,13 @@ log = logging.getLogger("asp_gmm")
 BANK_CALLS = 3
 
 
+def _first_load(sp) -> float:
+    """Seconds a kernel's first load in the process is charged: the last measured, else the
+    backend's :attr:`~asp_gmm.backends.base.Backend.load_seconds_prior` (a GPU module: ~15 ms)."""
+    load = sp._costs.load_seconds
+    return getattr(sp.backend, "load_seconds_prior", 0.0) if load is None else load
+
+
 def _runs_each(backend) -> int:
     """Runs of each explored configuration: two on a backend whose first launch of a configuration
     costs more (the faster kept), else one."""
@@ -88,13 +95,6 @@ class Exploration:
         itemsize = getattr(getattr(self.X, "dtype", None), "itemsize", 4)
         return rate * self.sp_problem.N * self.problem.D * itemsize
 
-    def _predicted_load(self) -> float:
-        """A kernel's first load in the process (the last measured, else the backend's prior): a
-        GPU module's load cost 15 ms, charged to no prediction before, and a call exploring V4 at
-        (500 000, 36, 128) full spent 24 ms of a 17 ms allowance."""
-        load = self.sp._costs.load_seconds
-        return getattr(self.sp.backend, "load_seconds_prior", 0.0) if load is None else load
-
     def spent(self) -> float:
         return time.perf_counter() - self.t0 + self.extra
 
@@ -125,7 +125,9 @@ class Exploration:
             unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
             ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, unknown)
             loaded = backend.is_loaded(cfg.variant, cfg.params, spp)
-            load = 0.0 if loaded else self._predicted_load()
+            # (a GPU module's load, uncharged before: a call exploring V4 at (500 000, 36, 128)
+            # full spent 24 ms of a 17 ms allowance)
+            load = 0.0 if loaded else _first_load(sp)
             if allowance is not None and rate < math.inf:
                 predicted = runs_each * ratio * rate * spp.N + self.overhead + self._predicted_copy() + load
                 if self.spent() + predicted > allowance:
@@ -274,8 +276,7 @@ def sample_first(sp, problem, plan, max_iters) -> list:
             continue  # in place prices it within the allowance: it runs there
         cost = runs_each * plan.predicted.get(cfg, unknown) * rate * n
         if not sp.backend.is_loaded(cfg.variant, cfg.params, problem):
-            load = sp._costs.load_seconds
-            cost += getattr(sp.backend, "load_seconds_prior", 0.0) if load is None else load
+            cost += _first_load(sp)
         if total + cost <= allowance:
             total += cost
             chosen.append(cfg)
@@ -371,11 +372,7 @@ class InPlace:
         if sampled is not None and t_kernel:
             # a whole-data check: its sampled time against the primary's, timed on the data now
             ratio = max(sampled * problem.N / t_kernel, 1.0)
-        load = sp._costs.lookup.get(selection.problem_class(problem), 0.0)
-        if not loaded:
-            load = sp._costs.load_seconds
-            if load is None:
-                load = getattr(sp.backend, "load_seconds_prior", 0.0)
+        load = sp._costs.lookup.get(selection.problem_class(problem), 0.0) if loaded else _first_load(sp)
         return ratio, load, _runs_each(sp.backend) * max(ratio - 1.0, 0.0) * t_kernel + load
 
     def price(self, cfg, t_kernel) -> float:
