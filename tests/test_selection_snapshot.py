@@ -246,3 +246,44 @@ def test_the_folder_keeps_the_most_recently_used_files(tmp_path, cache, monkeypa
     assert {f.name for f in old[-2:]} <= left and not {f.name for f in old[:4]} & left
     for x in (h, h2, h3):
         x.close()
+
+
+def test_the_saved_leave_one_out_is_reused_while_the_classes_grow_by_a_few(tmp_path, cache, monkeypatch):
+    """A history that grows by a class or two per process reuses the saved leave-one-out (most of a
+    process's first plan) until its classes grow by more than index.LOO_REUSE."""
+    from asp_gmm.selection import costmodel
+    from asp_gmm.selection import index as index_mod
+
+    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
+    be = FakeBackend(VARIANTS)
+    rng = np.random.default_rng(3)
+    sel, h = _fresh(url)
+    _fill(sel, be, rng, 400)
+    h.flush()
+    sel2, h2 = _fresh(url)
+    built = sel2.index(be)
+    ct = ("full", "float32")
+    built.predictor(*ct)
+    saved = built._loo[ct]
+    snapshot.save_all()
+    _fill(sel, be, rng, 4, start=400)  # a few new classes, two of them full
+    h.flush()
+
+    calls = []
+    real = costmodel.loo_nearest_accuracy
+    monkeypatch.setattr(costmodel, "loo_nearest_accuracy", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sel3, h3 = _fresh(url)
+    loaded = sel3.index(be)
+    assert len(loaded.view.rows) == 4
+    n = sum(1 for k in loaded.classes if k[:2] == ct)
+    assert saved[0] < n <= saved[0] * (1 + index_mod.LOO_REUSE)
+    assert loaded.predictor(*ct)[2:] == saved[1:] and calls == []  # reused
+
+    _fill(sel, be, rng, 80, start=404)  # then many: recomputed over the classes there are now
+    h.flush()
+    sel4, h4 = _fresh(url)
+    again = sel4.index(be)
+    again.predictor(*ct)
+    assert calls == [1] and again._loo[ct][0] == sum(1 for k in again.classes if k[:2] == ct) > n
+    for x in (h, h2, h3, h4):
+        x.close()
