@@ -247,7 +247,10 @@ def _budget_line(sp, backend, p) -> str:
     except Exception as exc:  # noqa: BLE001 - a broken history is reported, not raised
         return f"unknown ({exc})"
     spent = None if idx is None else idx.spent.get(selection.problem_class(p))
-    allowance = f"allowance {100 * selection.EXPLORE_FRACTION:.0f} % of each call"
+    allowance = (
+        f"allowance {100 * selection.EXPLORE_FRACTION:.0f} % of each call, "
+        f"{100 * selection.TUNE_FRACTION:.0f} % for the tunable search"
+    )
     if not spent or not spent[2]:
         return f"nothing explored on samples in this class yet ({allowance})"
     share = spent[0] / (spent[0] + spent[1]) if spent[0] + spent[1] > 0 else 0.0

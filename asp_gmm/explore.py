@@ -70,6 +70,7 @@ class Exploration:
         self.whole = plan.fastest  # seconds per event of the class's best on the whole data (or None)
         self.sampled = plan.sampled_fastest  # ... on samples, in earlier calls (or None)
         self.banked = plan.banked  # allowance earlier calls of the class left unspent
+        self.fraction = plan.fraction  # the share of the call it may take
         # the largest per-run cost besides the timed iteration (from the class's last exploration)
         self.overhead = sp._costs.overhead.get(selection.problem_class(problem), 0.0)
         self.runs, self.skipped, self.measured = 0, [], set()
@@ -103,7 +104,7 @@ class Exploration:
         if not rates:
             return None
         wall = self.sp._costs.call_seconds.get(selection.problem_class(self.problem))
-        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates), wall)
+        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates), wall, self.fraction)
         return base + min(self.banked, BANK_CALLS * base)
 
     def round(self, plan, weights, means, covars, reg_covar):
@@ -353,7 +354,7 @@ class InPlace:
         """The call's allowance for iterations of ``t_iter`` seconds: its own share and what the
         class left unspent, less what exploring in place has cost the class in this process."""
         ck = selection.problem_class(self.problem)
-        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, t_iter)
+        base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, t_iter, self.plan.fraction)
         banked = max(self.plan.banked - self.sp._costs.in_place_spent.get(ck, 0.0), 0.0)
         return base + min(banked, BANK_CALLS * base)
 

@@ -75,6 +75,8 @@ class Specializer:
         #: the last call's exploration: {"spent", "allowance", "copy", "runs", "skipped", "sample"}
         #: (seconds; ``sample`` is N when it explored in place; None when it explored nothing)
         self.last_exploration = None
+        #: per-iteration seconds of the last call's main run (not its exploration)
+        self.last_iter_seconds: list = []
         #: what the backend's sampled explorations cost in this process (the per-run overhead per
         #: class, the sample copy's rate, the calls' own time per iteration), shared with the
         #: backend's other specializers: a call's
@@ -379,6 +381,7 @@ class Specializer:
                     trace.extend(run.loglik_trace[1 if trace else 0 :])
                     converged = run.converged
                     used = cfg
+                    self.last_iter_seconds = list(run.iter_seconds)  # (benchmarks/selection.py's trail)
                     if tuning and run.iters:
                         sel.record(
                             backend,

@@ -426,14 +426,16 @@ def first_call(backend_name, N, D, M, iters, repeats, log, max_calls=12):
     return out
 
 
-def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", dump=False):
+def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", dump=False, paired=True):
     """Cumulative cost of ``calls`` consecutive ``GMM.train(X, iters)`` calls on a fresh history
     against the best pinned variant (default tunables), per shape.
 
     Each repeat: a fresh private history, everything compiled first; the pinned variants are timed
     ``max(3, repeats)`` calls each (median, steady), then ``calls`` unpinned calls, each timed
-    whole. Cumulative ratios after 3, 10 and 30 calls (sum of the calls / k x best pinned) and
-    steady (the median of the last five calls / best pinned). The medians over ``repeats``
+    whole; with ``paired`` (default) each is followed by a call of the best pinned variant, and
+    the ratios are to those: cumulative after 3, 10 and 30 calls (sum of the calls / sum of the
+    pinned calls beside them) and steady (median of the last five / median of the last five
+    pinned); ``*_vs_before`` keep the ratios to the pinned time measured before the calls. The medians over ``repeats``
     are reported, with the spread (max - min) / median of each as the noise: a difference under
     that spread is not resolved.
     """
@@ -458,6 +460,7 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", d
 
                 def call(variant=None):
                     g = GMM(M, D, cvtype=cvtype, backend=backend_name, variant=variant, seed=1)
+                    busy = default_runtime().compiles_running
                     t0 = time.perf_counter()
                     g.train(X, min_em_iters=iters, max_em_iters=iters, tol=0.0)
                     t = time.perf_counter() - t0
@@ -466,6 +469,12 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", d
                         spent = (
                             "" if not ex else f"explore {1e3 * ex['spent']:.1f}/{1e3 * (ex['allowance'] or 0):.1f} ms"
                         )
+                        # where a call's time goes besides its account: compiles running beside it
+                        # (at its start), and its iterations' own seconds
+                        its = getattr(g._specializer, "last_iter_seconds", None) or []
+                        spent += f"; compiles beside {busy}; in the specializer {1e3 * lt.seconds:.1f} ms"
+                        if its:
+                            spent += " ; iterations " + " ".join(f"{1e3 * x:.1f}" for x in its)
                         trail.append((round(t, 4), lt.variant, list(lt.explored), lt.reason, spent))
                     return t
 
@@ -476,23 +485,37 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", d
                 os.environ["ASP_GMM_AUTOTUNE"] = "1"
                 best_name = min(pinned, key=pinned.get)
                 best = pinned[best_name]
-                ts = [call() for _ in range(calls)]
+                ts, tp = [], []
+                for _ in range(calls):
+                    ts.append(call())
+                    if paired:
+                        # the best pinned variant again, right after: a baseline timed beside the
+                        # same background compiles and host state as the unpinned calls (timed
+                        # only before them, it was 0-18 % faster than the same configuration
+                        # unpinned after them)
+                        os.environ["ASP_GMM_AUTOTUNE"] = "0"
+                        tp.append(call(best_name))
+                        os.environ["ASP_GMM_AUTOTUNE"] = "1"
                 for k in (3, 10, 30):
                     if k <= calls:
-                        per[str(k)].append(sum(ts[:k]) / (k * best))
-                per["steady"].append(statistics.median(ts[-5:]) / best)
+                        per[str(k)].append(sum(ts[:k]) / (sum(tp[:k]) if paired else k * best))
+                        per.setdefault(f"{k}_vs_before", []).append(sum(ts[:k]) / (k * best))
+                per["steady"].append(statistics.median(ts[-5:]) / (statistics.median(tp[-5:]) if paired else best))
+                per.setdefault("steady_vs_before", []).append(statistics.median(ts[-5:]) / best)
                 per.setdefault("pinned", []).append({n: round(t, 4) for n, t in pinned.items()})
                 per.setdefault("calls", []).append(trail)
                 for k, (t, ran, explored, why, spent) in enumerate(trail):
                     log(
                         f"    call {k + 1}: {1e3 * t:.1f} ms {ran} ({why}; {spent or 'no sample'})"
                         + (" explored " + ", ".join(explored) if explored else "")
+                        + (f"; pinned {best_name} beside it {1e3 * tp[k]:.1f} ms" if paired else "")
                     )
                 if dump:
                     _dump_class(log)
                 _close_history()
                 log(
-                    f"  ({N}, {D}, {M}) {cvtype} repeat {r}: best pinned {best_name} {1e3 * best:.1f} ms; "
+                    f"  ({N}, {D}, {M}) {cvtype} repeat {r}: best pinned {best_name} {1e3 * best:.1f} ms"
+                    + (f" before, {1e3 * statistics.median(tp):.1f} ms beside the calls; " if paired else "; ")
                     + ", ".join(f"{k}: {v[-1]:.2f}x" for k, v in per.items() if v and k not in ("pinned", "calls"))
                 )
         row = dict(N=N, D=D, M=M, cvtype=cvtype, best=best_name)
@@ -504,11 +527,12 @@ def regret(backend_name, shapes, calls, repeats, log, iters=10, cvtype="full", d
                 row[k + "_noise"] = (max(v) - min(v)) / med
         out.append(row)
     lines = [
-        "| (N, D, M) cov | best pinned | after 3 | after 10 | after 30 | steady | noise (range/median) |",
-        "|---|---|---|---|---|---|---|",
+        "| (N, D, M) cov | best pinned | after 3 | after 10 | after 30 | steady | steady vs pinned before "
+        "| noise (range/median) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in out:
-        cells = [f"{r[k]:.2f}x" if k in r else "-" for k in ("3", "10", "30", "steady")]
+        cells = [f"{r[k]:.2f}x" if k in r else "-" for k in ("3", "10", "30", "steady", "steady_vs_before")]
         noise = max(r.get(k + "_noise", 0.0) for k in ("3", "10", "30", "steady"))
         lines.append(
             f"| ({r['N']}, {r['D']}, {r['M']}) {r['cvtype']} | {r['best']} | "
@@ -557,6 +581,11 @@ def main(argv=None):
     ap.add_argument("--regret-calls", type=int, default=30)
     ap.add_argument("--regret-repeats", type=int, default=3)
     ap.add_argument("--regret-dump", action="store_true", help="log the class's timings after each repeat")
+    ap.add_argument(
+        "--regret-unpaired",
+        action="store_true",
+        help="ratios to the pinned time measured before the calls only (no pinned call after each)",
+    )
     ap.add_argument("--cvtype", default="full", choices=["full", "diag"])
     ap.add_argument("--out", default=None, help="JSON results (default benchmarks/out/selection_<backend>.json)")
     args = ap.parse_args(argv)
@@ -567,7 +596,14 @@ def main(argv=None):
     if args.regret:
         shapes = [tuple(int(float(x)) for x in s.split("x")) for s in args.regret.split(",")]
         out = regret(
-            args.backend, shapes, args.regret_calls, args.regret_repeats, log, cvtype=args.cvtype, dump=args.regret_dump
+            args.backend,
+            shapes,
+            args.regret_calls,
+            args.regret_repeats,
+            log,
+            cvtype=args.cvtype,
+            dump=args.regret_dump,
+            paired=not args.regret_unpaired,
         )
         path = Path(args.out or Path(__file__).parent / "out" / f"selection_regret_{args.backend}.json")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -315,7 +315,10 @@ def test_history_why_shows_the_plan_and_its_reasons(db, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "N=1500000 D=19 M=16 full float32: runs" in out and "(explore)" in out
     assert "why: rule order (nothing measured nearby)" in out and "explores first" in out
-    assert "budget: nothing explored on samples in this class yet (allowance 10 % of each call)" in out
+    assert (
+        "budget: nothing explored on samples in this class yet (allowance 10 % of each call, 5 % for the tunable search)"
+        in out
+    )
     # what exploring spent in the class: its sampled iterations against the whole-data ones
     from asp_gmm.problem import Problem
     from asp_gmm.specializer import Specializer
@@ -329,7 +332,7 @@ def test_history_why_shows_the_plan_and_its_reasons(db, capsys, monkeypatch):
     assert cli.main(["history", "why", "--N", "1500000", "--D", "19", "--M", "16"]) == 0
     out = capsys.readouterr().out
     assert "budget: exploring spent 0.25 s on 1 sampled iteration(s) in this class against 5 s" in out
-    assert "(4.8 % of the time; allowance 10 % of each call)" in out
+    assert "(4.8 % of the time; allowance 10 % of each call, 5 % for the tunable search)" in out
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "0")
     assert cli.main(["history", "why", "--N", "1000", "--D", "2", "--M", "2"]) == 0
     assert "(rule)" in capsys.readouterr().out

@@ -7,6 +7,7 @@
 * a property: a pinned variant or ``ASP_GMM_AUTOTUNE=0`` never explores.
 """
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -486,6 +487,38 @@ def test_tunable_search_inside_the_plan_once_variants_are_measured(rules, monkey
     plan = sel.plan(be, p, cands(p))
     assert plan.reason == "explore" and [c.label for c in plan.explore] == ["V3(chunk=8)"]
     assert plan.primary.label == "V3(chunk=4)" and "coordinate search" in plan.why
+
+
+def test_the_tunable_search_explores_at_its_own_smaller_share(rules, monkeypatch, tmp_path, rng):
+    """Once a class's variants are measured, the tunable search's proposals run within
+    TUNE_FRACTION of a call (and what earlier calls banked at that rate), not the variants' share:
+    the search moves a variant by tens of per cent, and at the variants' share it took a call or two
+    of every ten (H200, benchmarks/selection.py --regret)."""
+    from asp_gmm.explore import Exploration
+
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    sel, be, _ = rules
+    p = Problem(10000, 8, 4)  # every variant measured: the search proposes V3's other chunk
+    plan = sel.plan(be, p, cands(p))
+    assert "coordinate search" in plan.why and plan.fraction == selection.TUNE_FRACTION < selection.EXPLORE_FRACTION
+    fresh = Problem(10000, 8, 300)  # nothing measured here: the variants first, at their share
+    assert sel.plan(be, fresh, cands(fresh)).fraction == selection.EXPLORE_FRACTION
+    # the sampled exploration's allowance is the plan's share of the call
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    fb = FakeBackend(costs={"V1": 5e-7, "V2": 3e-7, "V3": 1e-7, "V4": 2e-7, "V5": 4e-7})
+    X = make_blobs(rng, 140000, 3, 2)
+    sp = Specializer(fb, HistorySelector(h))
+    _train(sp, X, 2, iters=10)
+    q = Problem(len(X), 3, 2, "full", X.dtype.name)
+    base = sp.policy.choose(fb, q, sp.candidates(q))
+    got = {}
+    for frac in (selection.EXPLORE_FRACTION, selection.TUNE_FRACTION):
+        ex = Exploration(sp, X, q, selection.SAMPLE_MIN, 10, dataclasses.replace(base, banked=0.0, fraction=frac))
+        got[frac] = ex.allowance()
+    assert got[selection.TUNE_FRACTION] == pytest.approx(
+        got[selection.EXPLORE_FRACTION] * selection.TUNE_FRACTION / selection.EXPLORE_FRACTION
+    )
+    h.close()
 
 
 # ------------------------------------------------------------------ cost model

@@ -111,8 +111,9 @@ prediction: a configuration slower than predicted (an unpredicted one more than
 *Tunables.* Once every variant is measured in a class, the search strategy
 (:mod:`asp_gmm.selection.search`, coordinate descent by default) proposes tunable combinations of the
 variants within :data:`TUNE_WITHIN` of the best, at most :data:`TUNE_PROPOSALS` a call, until it
-converges; ``asp-gmm tune --tunables`` measures the whole space. Exploitation uses the fastest
-measured combination.
+converges, within :data:`TUNE_FRACTION` of each call (half the variants' share: the search moves a
+variant by tens of per cent, not by the variants' 1.1-10x); ``asp-gmm tune --tunables`` measures the
+whole space. Exploitation uses the fastest measured combination.
 
 *Unseen shapes.* The prediction (rule 3, and the exploration order) uses the cost model of
 :mod:`asp_gmm.selection.costmodel` where its leave-one-out accuracy on this history is at least the
@@ -136,6 +137,7 @@ from .plan import (  # noqa: F401
     PRUNE_MIN_CLASSES,
     RULE_TAIL_FACTOR,
     SAMPLE_MIN,
+    TUNE_FRACTION,
     TUNE_PROPOSALS,
     TUNE_RATIO,
     UNKNOWN_RATIO,

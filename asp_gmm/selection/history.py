@@ -11,16 +11,7 @@ from ..variant import Config
 from .index import NEIGHBOURS, RANK_ROWS, _Index, problem_class
 from . import plan as _plan
 from .confirm import checks
-from .plan import (
-    TUNE_VARIANTS,
-    TUNE_WITHIN,
-    Plan,
-    RuleSelector,
-    Selector,
-    autotune_enabled,
-    log,
-    rule_order,
-)
+from .plan import TUNE_VARIANTS, TUNE_WITHIN, Plan, RuleSelector, Selector, autotune_enabled, log, rule_order
 
 
 class HistorySelector(Selector):
@@ -234,6 +225,7 @@ class HistorySelector(Selector):
             )
         else:
             primary = best[0]
+        frac = _plan.EXPLORE_FRACTION
         if not explore:
             skey = (problem_class(problem), frozenset(self.vkey(c) for c, _ in options), len(valid))
             got = idx.searched.get(skey)
@@ -242,6 +234,7 @@ class HistorySelector(Selector):
                     idx.searched.clear()
                 got = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
             explore, ratios = list(got[0]), dict(got[1])
+            frac = _plan.TUNE_FRACTION
             if explore:
                 why = f"{self.strategy.name} search of the tunables of " + ", ".join(
                     sorted({c.variant.name for c in explore})
@@ -273,7 +266,8 @@ class HistorySelector(Selector):
             unknown_ratio=unknown,
             fastest=best[1] if best else None,
             sampled_fastest=min((a.median for a in samp.values()), default=None),
-            banked=self._banked(idx, problem),
+            banked=self._banked(idx, problem, frac),
+            fraction=frac,
             confirm=confirm,
             confirm_times=confirm_times if confirm else {},
         )
@@ -323,10 +317,10 @@ class HistorySelector(Selector):
         return []
 
     @staticmethod
-    def _banked(idx, problem) -> float:
-        """The allowance earlier calls of the class left unspent (see :attr:`Plan.banked`)."""
+    def _banked(idx, problem, fraction) -> float:
+        """The allowance earlier calls of the class left unspent at ``fraction`` (:attr:`Plan.banked`)."""
         spent = idx.spent.get(problem_class(problem))
-        return 0.0 if not spent else max(_plan.EXPLORE_FRACTION * spent[1] - spent[0], 0.0)
+        return 0.0 if not spent else max(fraction * spent[1] - spent[0], 0.0)
 
     @staticmethod
     def _why_best(best, options) -> str:

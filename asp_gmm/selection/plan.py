@@ -13,6 +13,20 @@ from ..variant import Config
 log = logging.getLogger("asp_gmm.selection")
 
 
+#: Most of a call's (estimated) time that exploring may take; the rest is left for next calls.
+EXPLORE_FRACTION = 0.10
+#: ... once the variants are explored and the tunable search proposes: its share of a call, and the
+#: rate at which earlier calls bank allowance for it. The search moves a variant by tens of per
+#: cent where the variants moved it by 1.1-10x. At the variants' share (with the bank: up to a
+#: quarter of a call) the search of V8's and V9's tunables was most of the exploring of the first
+#: ten calls at (500 000, 36, 128) full and (1 000 000, 128, 1024) diag (H200,
+#: benchmarks/selection.py --regret, paired: cumulative after 10 calls 1.12-1.13 and 1.08-1.18 the
+#: best pinned variant's); half the share for all exploring gave 1.09-1.11 and 1.04-1.05, with the
+#: winning variant reached at the same call, but slowed the variants' exploration where a fresh
+#: class has many (tests/test_selection_rules.py: a class settles within three calls).
+TUNE_FRACTION = 0.05
+
+
 @dataclass
 class Plan:
     """What runs a problem: ``primary`` for the bulk of the iterations, ``explore`` one iteration
@@ -52,6 +66,9 @@ class Plan:
     #: :data:`EXPLORE_FRACTION` of the whole-data iterations recorded in the class less the
     #: sampled iterations recorded there (a call may spend up to as much again as its own allowance)
     banked: float = 0.0
+    #: the share of the call's time its exploring may take: :data:`EXPLORE_FRACTION`, or
+    #: :data:`TUNE_FRACTION` where ``explore`` holds the tunable search's proposals
+    fraction: float = EXPLORE_FRACTION
     #: ``explore`` holds variants timed only on samples of the class, to run on the whole data (in
     #: place: a sample's ranking need not hold for the data, see :data:`CONFIRM_WITHIN`)
     confirm: bool = False
@@ -90,8 +107,6 @@ ESTEP_PREFERENCE = {
 #: compile just to explore a variant on backends whose binaries are specific to (D, M) (CUDA): the
 #: diarization example trains hundreds of such GMMs of ever-new M, and a compile takes seconds.
 EXPLORE_COMPILE_WORK = 1e9
-#: Most of a call's (estimated) time that exploring may take; the rest is left for next calls.
-EXPLORE_FRACTION = 0.10
 #: What a configuration nothing predicts is assumed to cost, at least, relative to the fastest
 #: measured on the sample (the widest spread measured in one class of the history counts when it
 #: is wider): exploring charges this to the allowance before it runs the configuration.

@@ -156,15 +156,20 @@ class Policy:
         return N if 4 * s > N else s
 
     def explore_allowance(
-        self, problem: Problem, max_iters: int, seconds_per_event: float, call_seconds: float | None = None
+        self,
+        problem: Problem,
+        max_iters: int,
+        seconds_per_event: float,
+        call_seconds: float | None = None,
+        fraction: float = EXPLORE_FRACTION,
     ) -> float:
-        """Seconds of a call that exploring may take: :data:`EXPLORE_FRACTION` of its estimated time,
+        """Seconds of a call that exploring may take: ``fraction`` (the plan's) of its estimated time,
         ``max_iters`` iterations of ``problem.N`` events at ``seconds_per_event`` (the fastest
         measured so far), or of ``call_seconds`` each where the specializer's part of the class's
         last call took longer per iteration (the data's upload and the session's set-up are part of
         what the caller waits for, not only the kernels)."""
         per_iter = max(problem.N * seconds_per_event, call_seconds or 0.0)
-        return EXPLORE_FRACTION * max(max_iters, 1) * per_iter
+        return fraction * max(max_iters, 1) * per_iter
 
     # ------------------------------------------------------------------ E-step
     def choose_estep(self, backend, problem: Problem, candidates: list, pinned: str | None = None):
