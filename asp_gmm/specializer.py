@@ -193,6 +193,7 @@ class Specializer:
                 sample_weight=sample_weight,
             )
         t_start = time.perf_counter()
+        self.last_iter_seconds = []
         backend = self.backend
         # what every session needs (an EM core...) compiles while the history opens and the plan is made
         backend.prepare_async(problem)

@@ -234,8 +234,8 @@ class HistorySelector(Selector):
                     idx.searched.clear()
                 got = idx.searched[skey] = self._search(backend, problem, valid, options, idx)
             explore, ratios = list(got[0]), dict(got[1])
-            frac = _plan.TUNE_FRACTION
             if explore:
+                frac = _plan.TUNE_FRACTION
                 why = f"{self.strategy.name} search of the tunables of " + ", ".join(
                     sorted({c.variant.name for c in explore})
                 )
@@ -249,6 +249,7 @@ class HistorySelector(Selector):
             checked, conf, ratios_c, times = checks(self.vkey, backend, problem, options, best, idx)
             if conf:
                 confirm, primary, explore, ratios, confirm_times = True, checked, conf, ratios_c, times
+                frac = _plan.EXPLORE_FRACTION  # variants, checked on the data
                 why = "on the whole data next (timed on samples only): " + ", ".join(c.label for c in explore)
         if not explore:
             return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
@@ -295,9 +296,8 @@ class HistorySelector(Selector):
         if not conf:
             return None
         why = "on the whole data in this call (timed on samples only): " + ", ".join(c.label for c in conf)
-        return dataclasses.replace(
-            plan, primary=primary, explore=conf, predicted=ratios, confirm=True, confirm_times=times, why=why
-        )
+        kw = dict(predicted=ratios, confirm=True, confirm_times=times, fraction=_plan.EXPLORE_FRACTION)
+        return dataclasses.replace(plan, primary=primary, explore=conf, why=why, **kw)
 
     def _rule_tail(self, backend, problem, valid, scores, best, explore) -> list:
         """Untried variants of the backend's :attr:`~asp_gmm.backends.base.Backend.rule_tail` that

@@ -63,7 +63,7 @@ class Plan:
     #: predicts what a sampled iteration costs
     sampled_fastest: float | None = None
     #: seconds of exploring allowance earlier calls of the class left unspent:
-    #: :data:`EXPLORE_FRACTION` of the whole-data iterations recorded in the class less the
+    #: :attr:`fraction` of the whole-data iterations recorded in the class less the
     #: sampled iterations recorded there (a call may spend up to as much again as its own allowance)
     banked: float = 0.0
     #: the share of the call's time its exploring may take: :data:`EXPLORE_FRACTION`, or
