@@ -254,12 +254,8 @@ def test_the_saved_leave_one_out_is_reused_while_the_classes_grow_by_a_few(tmp_p
     from asp_gmm.selection import costmodel
     from asp_gmm.selection import index as index_mod
 
-    url = f"sqlite:///{tmp_path / 'h.sqlite'}"
-    be = FakeBackend(VARIANTS)
-    rng = np.random.default_rng(3)
-    sel, h = _fresh(url)
-    _fill(sel, be, rng, 400)
-    h.flush()
+    url, be, sel, h = _filled(tmp_path, 3, 400)
+    rng = np.random.default_rng(4)  # (the rows to come: new classes)
     sel2, h2 = _fresh(url)
     built = sel2.index(be)
     ct = ("full", "float32")
