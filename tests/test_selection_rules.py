@@ -992,3 +992,33 @@ def test_a_kernels_first_load_is_charged_before_a_sampled_run(tmp_path, monkeypa
     assert any(label.startswith("V3") for label in skipped), skipped
     assert {"V2", "V1"} <= {label.split("(")[0] for label in explored}, explored
     h.close()
+
+
+def test_in_place_exploring_is_not_priced_from_an_inflated_first_iteration(tmp_path, monkeypatch):
+    """The first iteration of a call exploring in place prices the rest; a first iteration slowed by
+    one-time costs (a kernel's first launch: here 40 ms of wall clock) is reckoned at the class's
+    known whole-data time, so the allowance and the proposals' cost are not inflated by it (an
+    H200 call that explored V9's tunables in place ran 144 ms over the pinned call while its
+    account, reckoned from its first iteration, said 0 ms)."""
+    import types
+
+    from asp_gmm.explore import InPlace
+
+    be = FakeBackend()
+    sp = Specializer(be, HistorySelector(History(f"sqlite:///{tmp_path / 'h.sqlite'}")))
+    p = Problem(100_000, 4, 2)
+    cfg = Config.of(be.variants[0])
+
+    def step(c, kernel, record):
+        t = time.perf_counter()
+        time.sleep(0.04)  # the first launch, inside the iteration's own timing
+        return types.SimpleNamespace(iter_seconds=[time.perf_counter() - t], cov_seconds=[0.0])
+
+    known = selection.Plan(cfg, [cfg], "explore", fastest=5e-8)  # 5 ms an iteration on the data
+    ip = InPlace(sp, p, known, 10, step)
+    ip.first(kernel=None)
+    assert 5e-8 * p.N <= ip.t_iter < 0.02  # 5 ms and the step's own overhead, not the 40 ms
+    assert ip.allowance == pytest.approx(ip._allowance(ip.t_iter))
+    unknown = InPlace(sp, p, selection.Plan(cfg, [cfg], "explore"), 10, step)  # nothing measured yet
+    unknown.first(kernel=None)
+    assert unknown.t_iter >= 0.04
