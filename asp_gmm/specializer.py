@@ -223,16 +223,18 @@ class Specializer:
             # large N: explore on a sample of the events (nothing of the call's EM advances), then
             # run every iteration with the best configuration the history now knows
             sampled = []
-            ex = Exploration(
-                self, X, problem, sample, max_iters, dataclasses.replace(plan, explore=first) if first else plan
-            )
+            # (a class exploring in place times only ``first`` on the sample: the round gets that plan)
+            round_plan = dataclasses.replace(plan, explore=first) if first else plan
+            ex = Exploration(self, X, problem, sample, max_iters, round_plan)
             try:
                 for _ in range(SAMPLE_ROUNDS):  # the variants, then the tunable search while the budget lasts
-                    done, stopped = ex.round(plan, weights, means, covars, reg_covar)
+                    done, stopped = ex.round(round_plan, weights, means, covars, reg_covar)
                     sampled += done
                     if not done and not ex.failed:
                         break  # nothing measured, nothing failed: the plan stands (planning again cost 0.2 ms)
-                    plan = sel.choose(backend, problem, self.candidates(problem, variant, weighed), tuning=tuning)
+                    plan = round_plan = sel.choose(
+                        backend, problem, self.candidates(problem, variant, weighed), tuning=tuning
+                    )
                     if stopped or not done or not plan.explore or plan.confirm or first:
                         break  # (a whole-data check runs in place, below)
             finally:
