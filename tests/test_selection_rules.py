@@ -1058,3 +1058,30 @@ def test_in_place_exploring_is_priced_from_an_iteration_after_the_calls_first(tm
     short.first(kernel=None)
     assert len(calls) == 1 and short.t_iter >= 0.05
 
+
+def test_a_variants_tunable_search_ends_after_its_patience_without_a_gain(tmp_path, monkeypatch):
+    """A variant whose tunable combinations all run as fast as its defaults (within TUNE_GAIN) gets
+    TUNE_PATIENCE of them measured, then no more proposals: the coordinate search alone would
+    walk its every neighbour (here 9), a GPU call paying about a tenth of itself for each."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    wide = fake_variant("V3", {"a": [1, 2, 3, 4], "b": [1, 2, 3, 4], "c": [1, 2, 3, 4]})
+    variants = [fake_variant("V1"), wide]
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    sel, be = HistorySelector(h), FakeBackend(variants)
+    p = Problem(10000, 8, 4)
+    cs = [Config.of(v) for v in variants]
+    sel.record(be, p, cs[0], "ok", 2e-3, None, 1)
+    sel.record(be, p, cs[1], "ok", 1e-3, None, 1)
+    measured = 0
+    for step in range(20):
+        plan = sel.plan(be, p, cs)
+        if not plan.explore:
+            break
+        cfg = plan.explore[0]
+        # each within 1 % of the defaults, or a gain where it is noted below
+        sel.record(be, p, cfg, "ok", 1e-3 * (0.995 if step % 2 else 1.005), None, 1)
+        measured += 1
+    assert measured == selection.TUNE_PATIENCE, measured
+    assert search.stale([1.0, 0.99, 0.5, 0.52, 0.51], 0.02) == 2
+    assert search.stale([1.0, 0.97], 0.02) == 0
+    h.close()

@@ -111,7 +111,8 @@ prediction: a configuration slower than predicted (an unpredicted one more than
 *Tunables.* Once every variant is measured in a class, the search strategy
 (:mod:`asp_gmm.selection.search`, coordinate descent by default) proposes tunable combinations of the
 variants within :data:`TUNE_WITHIN` of the best, at most :data:`TUNE_PROPOSALS` a call, until it
-converges, within :data:`TUNE_FRACTION` of each call (half the variants' share: the search moves a
+converges or a variant's last :data:`TUNE_PATIENCE` combinations brought no gain of
+:data:`TUNE_GAIN`, within :data:`TUNE_FRACTION` of each call (half the variants' share: the search moves a
 variant by tens of per cent, not by the variants' 1.1-10x); ``asp-gmm tune --tunables`` measures the
 whole space. Exploitation uses the fastest measured combination.
 
@@ -138,6 +139,8 @@ from .plan import (  # noqa: F401
     RULE_TAIL_FACTOR,
     SAMPLE_MIN,
     TUNE_FRACTION,
+    TUNE_GAIN,
+    TUNE_PATIENCE,
     TUNE_PROPOSALS,
     TUNE_RATIO,
     UNKNOWN_RATIO,

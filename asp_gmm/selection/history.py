@@ -381,7 +381,10 @@ class HistorySelector(Selector):
             v = c.variant
             if t > TUNE_WITHIN * top or not v.tunables or name not in start_of:
                 continue
-            measured = {search.key(o.params): tt for o, tt in options if o.variant.name == name}
+            mine = [(o, tt) for o, tt in options if o.variant.name == name]
+            if search.stale([tt for _, tt in mine], _plan.TUNE_GAIN) >= _plan.TUNE_PATIENCE:
+                continue
+            measured = {search.key(o.params): tt for o, tt in mine}
             for combo in v.tunable_space():  # combinations its limits or failures exclude: never proposed
                 k = search.key(combo)
                 if k not in measured and (

@@ -137,6 +137,13 @@ RULE_TAIL_FACTOR = 2.0
 TUNE_WITHIN = 1.25
 TUNE_VARIANTS = 2
 TUNE_PROPOSALS = 8
+#: The search of a variant's tunables in a class ends once its last :data:`TUNE_PATIENCE`
+#: measured combinations (in the order measured) each failed to beat its best so far by
+#: :data:`TUNE_GAIN`: its proposals come most expected gain first, and each costs a GPU call
+#: about a tenth of itself (H200, (500 000, 36, 128) full: the search of V8 and V5 ran on through
+#: call 10, ten combinations, none 2 % faster than V8's defaults).
+TUNE_PATIENCE = 4
+TUNE_GAIN = 0.02
 #: A variant timed only on samples of a class whose best configuration ran on the whole data is
 #: run on the whole data too (in place, within the allowance) when its best sampled time is within
 #: this factor of the fastest sampled time there: a sample fits in caches where the data does not,

@@ -47,6 +47,19 @@ def key(combo: dict) -> tuple:
     return tuple(sorted(combo.items()))
 
 
+def stale(times, gain: float) -> int:
+    """How many of ``times`` (one variant's combinations in a class, in the order measured),
+    counted from the last, came after its best so far last improved by the fraction ``gain``:
+    the policy ends a variant's search once this reaches its patience, whatever the strategy."""
+    best, since = float("inf"), 0
+    for t in times:
+        if t < best * (1.0 - gain):
+            best, since = t, 0
+        else:
+            since += 1
+    return since
+
+
 def space_size(space: dict) -> int:
     n = 1
     for values in space.values():
