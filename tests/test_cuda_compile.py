@@ -15,6 +15,7 @@ its code (V9: no preprocessor switch) is compiled once per shape class of its de
 this process, which releases the GIL) into the session's compile cache.
 """
 
+import dataclasses
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
@@ -287,3 +288,22 @@ def test_wgmma_limits_are_data():
     assert first["wg"] == 0 and first["ws"] == 0
     reason = V9.check(p, dict(V9.default_tunables(), wg=0), extra=ctx80)
     assert reason is not None and "sums" in reason
+
+
+def test_a_source_is_rendered_once_per_process_and_configuration(monkeypatch):
+    """``is_ready`` renders the variant, the EM core and the E-step for every configuration a plan
+    asks about (H200: a plan proposing eight tunable combinations spent 35 of its 64 ms rendering);
+    the same configuration and class is rendered once, another tunable value or M again."""
+    from asp_gmm.backends.cuda import compile as cc
+
+    calls = []
+    real = cc._render
+    monkeypatch.setattr(cc, "_render", lambda *a: calls.append(a) or real(*a))
+    monkeypatch.setattr(cc, "_RENDERED", {})
+    v = registry.get("cuda", "V5")
+    p = Problem(1000, 36, 128, "full", "float32")
+    a = cc.render_source(v, v.default_tunables(), p)
+    assert cc.render_source(v, v.default_tunables(), dataclasses.replace(p, N=5000)) == a and len(calls) == 1
+    cc.render_source(v, {**v.default_tunables(), "tile": 4}, p)
+    cc.render_source(v, v.default_tunables(), dataclasses.replace(p, M=64))
+    assert len(calls) == 3

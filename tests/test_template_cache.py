@@ -15,7 +15,11 @@ from asp_gmm.template_cache import FOLDER, template_code_cache
 
 @pytest.fixture
 def folder(tmp_path, monkeypatch):
+    from asp_gmm.backends.cuda import compile as cuda_compile
+
     monkeypatch.setenv("ASP_GMM_CACHE_DIR", str(tmp_path / "cache"))
+    # the CUDA backend keeps what it rendered in the process: these tests render through the cache
+    monkeypatch.setattr(cuda_compile, "_RENDERED", {})
     return tmp_path / "cache" / FOLDER
 
 
@@ -63,7 +67,8 @@ def test_a_corrupt_entry_is_compiled_again_and_replaced(folder, tmp_path, monkey
     assert _compiles(_env(tmp_path), monkeypatch) == 0
 
 
-def test_the_variants_render_the_same_through_the_cache(folder):
+def test_the_variants_render_the_same_through_the_cache(folder, monkeypatch):
+    from asp_gmm.backends.cuda import compile as cuda_compile
     from asp_gmm.backends.cuda.compile import render_source
     from asp_gmm.problem import Problem
 
@@ -71,6 +76,7 @@ def test_the_variants_render_the_same_through_the_cache(folder):
     vs = [v for v in registry.variants("cuda") if v.template][:4]
     first = [render_source(v, v.default_tunables(), p) for v in vs]
     registry._environment.cache_clear()  # a new environment: the templates come from the cache
+    monkeypatch.setattr(cuda_compile, "_RENDERED", {})  # ... and a new process's renders
     try:
         assert [render_source(v, v.default_tunables(), p) for v in vs] == first
     finally:
@@ -79,9 +85,11 @@ def test_the_variants_render_the_same_through_the_cache(folder):
 
 
 def _cuda_render(v, p):
-    from asp_gmm.backends.cuda.compile import render_source
+    """The CUDA backend's render as a new process makes it (nothing kept in this one)."""
+    from asp_gmm.backends.cuda import compile as cuda_compile
 
-    return render_source(v, v.default_tunables(), p)
+    cuda_compile._RENDERED.clear()
+    return cuda_compile.render_source(v, v.default_tunables(), p)
 
 
 def test_a_rendered_source_is_kept_and_read_without_jinja2(folder, monkeypatch):

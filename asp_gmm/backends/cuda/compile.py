@@ -44,8 +44,33 @@ def _class_problem(problem: Problem) -> Problem:
     return Problem(0, problem.D, problem.M, problem.cvtype, problem.dtype)
 
 
+#: rendered sources by (variant, its source hash, tunables, class): a render is deterministic, and
+#: ``is_ready`` renders three templates per configuration asked (H200, a plan whose tunable search
+#: proposed eight new combinations: 64 ms, 35 of them rendering the same core and E-step again)
+_RENDERED: dict = {}
+_RENDERED_MAX = 512
+
+
 def render_source(variant: registry.Variant, tunables: dict | None, problem: Problem) -> str:
     """The CUDA source of ``variant`` for ``problem``'s class (no pycuda, no GPU needed)."""
+    key = (
+        repr(variant),  # the manifest as loaded
+        variant.source_sha256,
+        tuple(sorted((tunables or {}).items())),
+        problem.D,
+        problem.M,
+        problem.cvtype,
+        problem.dtype,
+    )
+    got = _RENDERED.get(key)
+    if got is None:
+        if len(_RENDERED) >= _RENDERED_MAX:
+            _RENDERED.clear()
+        got = _RENDERED[key] = _render(variant, tunables, problem)
+    return got
+
+
+def _render(variant: registry.Variant, tunables: dict | None, problem: Problem) -> str:
     real = "float" if problem.dtype == "float32" else "double"
     src = registry.render(variant, tunables, _class_problem(problem), real=real, cond_limit=COND_LIMIT[problem.dtype])
     # the launch description is part of what a binary means: keep it in the cached source
