@@ -180,6 +180,7 @@ class Exploration:
         return done, stopped
 
     def close(self):
+        log.debug("sampled exploration: %.3g s spent before its session's close", self.spent())
         if self.session is not None:
             self.session.close()
         if self.runs:
