@@ -250,19 +250,8 @@ class BatchSpecializer:
         t_start = time.perf_counter()
         tuning = selection.autotune_enabled()
         plan = self.policy.choose(view, bp, cands, pinned=variant is not None, tuning=tuning)
-        cfg = plan.explore[0] if plan.explore else plan.primary
         later = list(plan.compile_later)
-        if not plan.explore and plan.primary_in_background and not view.is_ready(cfg.variant, cfg.params, bp):
-            # the planned configuration is not compiled: a compiled one of the fixed rule's order
-            # runs this call and the planned one compiles in the background (a call never waits
-            # for an optional compile; the 1-hour diarization waited 1.3 s for one)
-            alt = next(
-                (c for c in selection.rule_order(view, cands) if c != cfg and view.is_ready(c.variant, c.params, bp)),
-                None,
-            )
-            if alt is not None:
-                later.append(cfg)
-                cfg = alt
+        cfg = plan.explore[0] if plan.explore else self._ready_or_compiled(view, plan, cands, bp, later)
         try:
             kernel = view.support.kernel(cfg.variant, cfg.params, bp)
         except CompileError:
@@ -290,6 +279,25 @@ class BatchSpecializer:
         for c in later:
             self._compile_later(view, c, bp)
         return out
+
+    @staticmethod
+    def _ready_or_compiled(view, plan, cands, bp, later):
+        """The plan's primary, or, where it is not compiled yet, a compiled configuration of the
+        fixed rule's order (the primary then compiles in the background: ``later`` gets it). A call
+        never waits for an optional compile: the 1-hour diarization waited 1.3 s for one, and a
+        scoring call, which asked for the primary as it was, waited for a compile running beside
+        it."""
+        cfg = plan.primary
+        if not plan.primary_in_background or view.is_ready(cfg.variant, cfg.params, bp):
+            return cfg
+        alt = next(
+            (c for c in selection.rule_order(view, cands) if c != cfg and view.is_ready(c.variant, c.params, bp)),
+            None,
+        )
+        if alt is None:
+            return cfg
+        later.append(cfg)
+        return alt
 
     def prepare(self, batches) -> int:
         """Compile or load, for every given batch class (:class:`~asp_gmm.problem.BatchProblem`),
@@ -382,7 +390,11 @@ class BatchSpecializer:
                     out.append(exc)
             return out
         plan = self.policy.choose(view, bp, cands, tuning=False)
-        kernel = view.support.kernel(plan.primary.variant, plan.primary.params, bp)
+        later = []
+        cfg = self._ready_or_compiled(view, plan, cands, bp, later)
+        for c in later:
+            self._compile_later(view, c, bp)
+        kernel = view.support.kernel(cfg.variant, cfg.params, bp)
         session = view.support.open_scoring(Xs, problems, kernel)
         try:
             bad = session.set_params(params, reg_covars)

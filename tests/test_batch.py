@@ -473,6 +473,13 @@ def test_a_batch_never_waits_for_its_planned_configuration_to_compile(rng, monke
     for g, X, r in zip(alone, data, got):
         g.train(X, min_em_iters=3, max_em_iters=3, tol=0.0)
         _close(r.covars, g.covars, TOL["float64"], "stand-in")
+    # scoring, likewise (it asked for the planned configuration as it was: a compile in the call)
+    built.clear(), later.clear()
+    scores = spec.score(data, params, problems, [1e-6] * len(data))
+    assert "CBE" not in built and built and later == ["CBE"]
+    for (w, mu, cv), X, sc in zip(params, data, scores):
+        g = GMM(len(w), X.shape[1], means=mu, covars=cv, weights=w, cvtype="diag", dtype=np.float64, backend="c")
+        np.testing.assert_allclose(sc, g.score(X), rtol=1e-9)
 
 
 def test_prepare_compiles_every_classs_first_configuration_at_once(monkeypatch):
