@@ -341,22 +341,29 @@ class InPlace:
             return True
         return False
 
-    def first(self, kernel) -> None:
+    def first(self, kernel, iters_left=None) -> None:
         """The call's first iterations, on the planned configuration: time what an iteration costs
         (recorded when the plan is a whole-data check, :attr:`Plan.confirm`: the primary's own time
         on the data is what the checked configurations are compared with before the call goes on).
 
-        Two where the call leaves room for them and a proposal after: the second prices the rest.
+        Two where the call leaves room for them and a proposal after (``iters_left()``: the
+        iterations the call has left, 0 once converged): the second prices the rest.
         A call's first iteration carries one-time costs outside its kernels' timing (H200,
         (1 000 000, 128, 1024) diag: 60 ms of wall clock around 15 ms of kernels, the later ones
         20 ms), so priced from it every proposal looked free (its wall clock less 60 ms each) and
         the allowance was three times too large: such a call ran 70-130 ms over the pinned one
         while its account said 0 ms."""
-        primes = 2 if self.max_iters >= 3 + _runs_each(self.sp.backend) else 1
-        for _ in range(primes):
+        room = 3 + _runs_each(self.sp.backend)  # two of the primary, a proposal's runs, one left
+        primes = 0
+        while primes < 2:
             t = time.perf_counter()
             run = self.step(self.plan.primary, kernel, self.plan.confirm)
             wall = time.perf_counter() - t
+            primes += 1
+            # (``iters_left``: 0 once the call has converged, which no further iteration may pass)
+            left = self.max_iters - primes if iters_left is None else iters_left()
+            if left < room - primes:
+                break
         self.t_kernel = run.iter_seconds[0] or wall
         # a kernel's first launch in the session may still sit inside the timed part: where the
         # class's whole-data best is known, that part counts at no more than it (the wall clock's

@@ -304,8 +304,9 @@ class Specializer:
                     self.last_exploration = in_place.account()
                     note = in_place.summary()
                 else:
-                    in_place.first(kernel)
-                    explored += in_place.explore(lambda: 0 if converged else max_iters - iters)
+                    left = lambda: 0 if converged else max_iters - iters  # noqa: E731
+                    in_place.first(kernel, left)
+                    explored += in_place.explore(left)
                     if in_place.done:  # the best configuration now known runs the rest
                         best = sel.choose(
                             backend, problem, self.candidates(problem, variant, weighed), tuning=False

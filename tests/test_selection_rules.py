@@ -1057,6 +1057,10 @@ def test_in_place_exploring_is_priced_from_an_iteration_after_the_calls_first(tm
     short = InPlace(sp, p, selection.Plan(cfg, [cfg], "explore"), 3, step)  # no room: one iteration
     short.first(kernel=None)
     assert len(calls) == 1 and short.t_iter >= 0.05
+    calls.clear()
+    done = InPlace(sp, p, selection.Plan(cfg, [cfg], "explore"), 10, step)  # converged at once:
+    done.first(kernel=None, iters_left=lambda: 0)  # no iteration past convergence
+    assert len(calls) == 1
 
 
 def test_a_variants_tunable_search_ends_after_its_patience_without_a_gain(tmp_path, monkeypatch):
