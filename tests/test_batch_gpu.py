@@ -273,3 +273,37 @@ def test_gmmbatch_gpu_takes_a_torch_cuda_tensor(rng):
     np.testing.assert_array_equal(part.covars[4], CV[4].astype(np.float32))
     # scoring a tensor: read on the host, the same as scoring the array
     np.testing.assert_allclose(host.score(torch.from_numpy(X).cuda()), host.score(X), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("cvtype", ["diag", "full"])
+def test_a_gpu_batch_explores_in_place_with_the_primarys_results(cvtype, rng, monkeypatch, tmp_path):
+    """The in-place exploration of a batched call on the GPU: GB runs, GBS takes the second
+    iteration in its own session (parameters over and back on the device's sessions), and the
+    results are GB's alone at float32's tolerance."""
+    from asp_gmm.batch_driver import BatchSpecializer
+    from asp_gmm.selection.plan import Plan
+
+    monkeypatch.setenv("ASP_GMM_DB", f"sqlite:///{tmp_path / 'h.sqlite'}")
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    D = 5
+    data = [make_blobs(rng, n, D, 3) for n in (300, 2000, 57, 900)]
+    params = [init_params(rng, X, m, cvtype) for X, m in zip(data, (3, 4, 2, 4))]
+    models = [GMM(len(w), D, cvtype=cvtype, backend="cuda") for w, _, _ in params]
+    spec = BatchSpecializer(models[0]._specializer)
+    view = batch_support(spec.backend)
+    problems = [g._problem(len(X)) for g, X in zip(models, data)]
+    bp = BatchProblem.of(problems)
+    cands = {c.variant.name: c for c in spec.candidates(view, bp)}
+    p, c = cands["GB"], cands["GBS"]
+    for cfg in (p, c):
+        view.support.kernel(cfg.variant, cfg.params, bp)
+    reg = [1e-6] * len(data)
+    monkeypatch.setattr(spec.policy, "choose", lambda *a, **k: Plan(p, [c], "explore", predicted={c: 1.0}, banked=1.0))
+    got = spec.train(data, params, problems, reg, 5, 5, 0.0)
+    assert got[0].explored == [c.label]
+    monkeypatch.setattr(spec.policy, "choose", lambda *a, **k: Plan(p))
+    alone = spec.train(data, params, problems, reg, 5, 5, 0.0)
+    for r, a in zip(got, alone):
+        assert r.iters == a.iters == 5
+        np.testing.assert_allclose(r.covars, a.covars, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(a.covars))))
+        np.testing.assert_allclose(r.means, a.means, rtol=1e-4, atol=1e-4 * float(np.max(np.abs(a.means))))
