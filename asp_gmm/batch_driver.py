@@ -285,6 +285,10 @@ class BatchSpecializer:
         # a candidate explores in place (one iteration of the batch, within the allowance) where no
         # member can stop in the iterations it shares; else, as before, a whole call runs on it
         in_place = bool(plan.explore) and min_iters >= IN_PLACE_MIN_ITERS
+        if in_place and not self._may_fit(bp, plan, max_iters):
+            # known not to fit even before the call times anything: one EM call on the primary (not
+            # split around an iteration whose candidate would not run)
+            in_place, plan = False, dataclasses.replace(plan, explore=[])
         if plan.explore and not in_place:
             cfg = plan.explore[0]
         else:
@@ -324,6 +328,20 @@ class BatchSpecializer:
         for c in later:
             self._compile_later(view, c, bp)
         return out
+
+    def _may_fit(self, bp, plan, max_iters) -> bool:
+        """False when the class's known whole-data time shows that the candidate's predicted cost
+        (as :meth:`_in_place` prices it, less the session's opening) exceeds the allowance."""
+        if not plan.fastest:
+            return True
+        t = plan.fastest * bp.N
+        ck = ("batch",) + selection.problem_class(bp)
+        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(self.backend, "unknown_ratio_prior", 0.0))
+        ratio = plan.predicted.get(plan.explore[0], unknown)
+        allowance = self.policy.explore_allowance(bp, max_iters, 0.0, t, plan.fraction) + max(
+            plan.banked - self.single._costs.in_place_spent.get(ck, 0.0), 0.0
+        )
+        return max(ratio - 1.0, 0.0) * t <= allowance
 
     def _in_place(self, view, bp, plan, session, Xs, problems, reg_covars, min_iters, max_iters, tol, skip, t_open):
         """The batch's EM on ``session`` (the primary's) with the plan's first candidate run for its

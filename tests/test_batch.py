@@ -710,3 +710,17 @@ def test_a_batch_explores_a_candidate_in_place_within_its_allowance(
             _close(r.covars, a.covars, TOL["float64"], f"{cvtype} in place, ratio {ratio}")
             _close(np.array(r.loglik_trace), np.array(a.loglik_trace), TOL["float64"], "trace")
         assert got[0].explored == ([c.label] if ratio < 2 else [])
+    # the class's known time shows the candidate cannot fit: one EM call on the primary, not split
+    calls = []
+
+    def counted(X, pr, k):
+        sess = real_open(X, pr, k)
+        em = sess.em_arrays
+        sess.em_arrays = lambda **kw: calls.append(kw["max_iters"]) or em(**kw)
+        return sess
+
+    monkeypatch.setattr(view.support, "open", counted)
+    known = Plan(p, [c], "explore", predicted={c: 1e6}, banked=0.05, fastest=1e-7)
+    monkeypatch.setattr(spec.policy, "choose", lambda *a, **k: known)
+    got = spec.train(data, params, problems, reg, 5, 5, 0.0)
+    assert calls == [5] and got[0].explored == []
