@@ -329,18 +329,26 @@ class BatchSpecializer:
             self._compile_later(view, c, bp)
         return out
 
+    def _priced(self, bp, plan, max_iters, t_iter):
+        """``(class key, ratio, allowance)`` of exploring the plan's first candidate in place in a
+        call of iterations of ``t_iter`` seconds: the plan's ratio for it (the unknown ratio where
+        nothing predicts it) and the call's share plus the class's whole bank (not BANK_CALLS
+        calls' worth: one iteration of a candidate nothing predicts is charged (unknown - 1)
+        iterations, more than a few calls' shares of a short call, so capped it never ran; the
+        class's exploring stays within its fraction of its time)."""
+        ck = ("batch",) + selection.problem_class(bp)
+        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(self.backend, "unknown_ratio_prior", 0.0))
+        ratio = plan.predicted.get(plan.explore[0], unknown)
+        bank = max(plan.banked - self.single._costs.in_place_spent.get(ck, 0.0), 0.0)
+        return ck, ratio, self.policy.explore_allowance(bp, max_iters, 0.0, t_iter, plan.fraction) + bank
+
     def _may_fit(self, bp, plan, max_iters) -> bool:
         """False when the class's known whole-data time shows that the candidate's predicted cost
         (as :meth:`_in_place` prices it, less the session's opening) exceeds the allowance."""
         if not plan.fastest:
             return True
         t = plan.fastest * bp.N
-        ck = ("batch",) + selection.problem_class(bp)
-        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(self.backend, "unknown_ratio_prior", 0.0))
-        ratio = plan.predicted.get(plan.explore[0], unknown)
-        allowance = self.policy.explore_allowance(bp, max_iters, 0.0, t, plan.fraction) + max(
-            plan.banked - self.single._costs.in_place_spent.get(ck, 0.0), 0.0
-        )
+        _, ratio, allowance = self._priced(bp, plan, max_iters, t)
         return max(ratio - 1.0, 0.0) * t <= allowance
 
     def _in_place(self, view, bp, plan, session, Xs, problems, reg_covars, min_iters, max_iters, tol, skip, t_open):
@@ -356,19 +364,12 @@ class BatchSpecializer:
         (A whole call on an unexplored candidate cost a fresh history's bundled meeting up to 3-6x
         a call: 0.79 s of training against 0.2.)"""
         cand = plan.explore[0]
-        ck = ("batch",) + selection.problem_class(bp)
         costs = self.single._costs
         t0 = time.perf_counter()
         first = session.em_arrays(min_iters=1, max_iters=1, tol=0.0, reg_covars=reg_covars, skip=skip)
         t_p = time.perf_counter() - t0
         segments, explored = [first], []
-        base = self.policy.explore_allowance(bp, max_iters, 0.0, t_p, plan.fraction)
-        # the whole bank (not BANK_CALLS calls' worth): one iteration of a candidate nothing
-        # predicts is charged (unknown - 1) iterations, more than a few calls' shares of a short
-        # call, so capped it never ran; the class's exploring stays within its fraction of its time
-        allowance = base + max(plan.banked - costs.in_place_spent.get(ck, 0.0), 0.0)
-        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(self.backend, "unknown_ratio_prior", 0.0))
-        ratio = plan.predicted.get(cand, unknown)
+        ck, ratio, allowance = self._priced(bp, plan, max_iters, t_p)
         predicted = max(ratio - 1.0, 0.0) * t_p + t_open
         done = {b for b in first.errors} | set(skip)
         spent = 0.0

@@ -353,17 +353,19 @@ class InPlace:
         20 ms), so priced from it every proposal looked free (its wall clock less 60 ms each) and
         the allowance was three times too large: such a call ran 70-130 ms over the pinned one
         while its account said 0 ms."""
-        room = 3 + _runs_each(self.sp.backend)  # two of the primary, a proposal's runs, one left
-        primes = 0
-        while primes < 2:
+
+        def primary():
             t = time.perf_counter()
             run = self.step(self.plan.primary, kernel, self.plan.confirm)
-            wall = time.perf_counter() - t
-            primes += 1
-            # (``iters_left``: 0 once the call has converged, which no further iteration may pass)
-            left = self.max_iters - primes if iters_left is None else iters_left()
-            if left < room - primes:
-                break
+            return run, time.perf_counter() - t
+
+        run, wall = primary()
+        primes = 1
+        # a second where a proposal's runs and one more iteration still fit after it (``iters_left``
+        # is 0 once the call has converged: no iteration may pass that)
+        left = self.max_iters - 1 if iters_left is None else iters_left()
+        if left >= 2 + _runs_each(self.sp.backend):
+            (run, wall), primes = primary(), 2
         self.t_kernel = run.iter_seconds[0] or wall
         # a kernel's first launch in the session may still sit inside the timed part: where the
         # class's whole-data best is known, that part counts at no more than it (the wall clock's
