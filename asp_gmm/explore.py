@@ -23,6 +23,32 @@ log = logging.getLogger("asp_gmm")
 BANK_CALLS = 3
 
 
+#: The margin on a declared ratio (:func:`prior_ratio`): on benchmarks/rule_order.py's grid (H200) a
+#: (D, M) pair held out of a variant's declared range fell outside it by at most 1.29x (36-40 of
+#: 38-40 held-out shapes within it).
+RULE_RATIO_MARGIN = 1.3
+
+
+def prior_ratio(cfg, primary, cvtype: str) -> float | None:
+    """The most ``cfg`` is expected to cost against ``primary`` per iteration when nothing of the
+    class predicts it: the slowest its variant ran against the rule's first choice over the device's
+    grid, over the fastest the primary's variant ran (the variants' ``rule_ratio`` manifest entries),
+    times :data:`RULE_RATIO_MARGIN`. ``None`` where either is not declared for ``cvtype`` or ``cfg``
+    is not its variant's default configuration (a tunable point is priced by the search's prediction).
+
+    Without it an unpredicted configuration on CUDA is priced at the backend's
+    ``unknown_ratio_prior`` (40: V1-V3 run 10-370x the fastest), and a class whose calls take tens
+    of milliseconds never afforded one: at (153 600, 32, 32) full a fresh history stayed on V5 for
+    every call while V8 ran the calls 10 % faster (V8's ratio to V5 on the grid: 0.68-2.1)."""
+    if cfg.params != cfg.variant.default_tunables():
+        return None
+    mine = cfg.variant.extra.get("rule_ratio", {}).get(cvtype)
+    theirs = primary.variant.extra.get("rule_ratio", {}).get(cvtype)
+    if not mine or not theirs or not theirs[0] > 0:
+        return None
+    return RULE_RATIO_MARGIN * float(mine[1]) / float(theirs[0])
+
+
 def _first_load(sp) -> float:
     """Seconds a kernel's first load in the process is charged: the last measured, else the
     backend's :attr:`~asp_gmm.backends.base.Backend.load_seconds_prior` (a GPU module: ~15 ms)."""
@@ -295,11 +321,13 @@ class InPlace:
     already cost the class in this process). Each configuration to explore then runs one
     iteration of the call (two where the backend's first launch costs more, the faster recorded)
     when its predicted extra cost fits what is left: ``(ratio - 1) * k`` per iteration (the plan's
-    predicted ratio, else its unknown ratio, the backend's
+    predicted ratio, else the ratio its variant declares against the primary's (:func:`prior_ratio`),
+    else its unknown ratio, the backend's
     :attr:`~asp_gmm.backends.base.Backend.unknown_ratio_prior` or the widest measured in the call,
     whichever is widest) plus its kernel's look-up (the slowest seen in the class) or, not loaded
-    yet, its load (the last measured, else the backend's prior). What it costs is the wall clock
-    of its iterations less ``t`` each.
+    yet, its load (the last measured, else the backend's prior; a load may also be paid from what
+    the class saved beyond :data:`BANK_CALLS` calls, the allowance then grown by it). What it costs
+    is the wall clock of its iterations less ``t`` each.
 
     Parameters
     ----------
@@ -321,6 +349,7 @@ class InPlace:
         self.spent_before = float(spent_before)
         self.spent, self.allowance, self.runs, self.skipped, self.done = 0.0, 0.0, 0, [], []
         self.t_iter = self.t_kernel = None
+        self.bank_for_load = 0.0  # (set with the allowance)
 
     def hopeless(self) -> bool:
         """True when the class's last timings show that nothing to explore could fit this call's
@@ -334,7 +363,7 @@ class InPlace:
         allowance = max(self._allowance(t_iter) - self.spent_before, 0.0)
         unknown = self._unknown()
         runs_each = _runs_each(sp.backend)
-        cheapest = min(max(plan.predicted.get(c, unknown) - 1.0, 0.0) for c in plan.explore)
+        cheapest = min(max(plan.predicted.get(c, self._prior(c, unknown)) - 1.0, 0.0) for c in plan.explore)
         if runs_each * cheapest * t_kernel > allowance:
             self.allowance = allowance
             self.skipped = [c.label for c in plan.explore]
@@ -389,6 +418,8 @@ class InPlace:
         ck = selection.problem_class(self.problem)
         base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, t_iter, self.plan.fraction)
         banked = max(self.plan.banked - self.sp._costs.in_place_spent.get(ck, 0.0), 0.0)
+        # what the class saved beyond BANK_CALLS calls: spent only on a module's first load
+        self.bank_for_load = max(banked - BANK_CALLS * base, 0.0)
         return base + min(banked, BANK_CALLS * base)
 
     def _unknown(self) -> float:
@@ -396,12 +427,18 @@ class InPlace:
         prior = getattr(self.sp.backend, "unknown_ratio_prior", 0.0)
         return max(self.plan.unknown_ratio or selection.UNKNOWN_RATIO, prior)
 
+    def _prior(self, cfg, unknown: float) -> float:
+        """The ratio charged to ``cfg`` when nothing of the class predicts it: its declared one
+        (:func:`prior_ratio`), else ``unknown``."""
+        declared = prior_ratio(cfg, self.plan.primary, self.problem.cvtype)
+        return unknown if declared is None else declared
+
     def _priced(self, cfg, t_kernel, unknown, loaded):
         """(ratio, load, seconds) a configuration is charged before it runs in place: its
         ratio (predicted, a whole-data check's sampled time against ``t_kernel``, else
         ``unknown``) less one, times ``t_kernel`` per run, plus its kernel's look-up or load."""
         sp, problem, plan = self.sp, self.problem, self.plan
-        ratio = plan.predicted.get(cfg, unknown)
+        ratio = plan.predicted.get(cfg, self._prior(cfg, unknown))
         sampled = plan.confirm_times.get(cfg)
         if sampled is not None and t_kernel:
             # a whole-data check: its sampled time against the primary's, timed on the data now
@@ -436,9 +473,14 @@ class InPlace:
                 self.spent,
                 self.allowance,
             )
-            if self.spent + predicted > self.allowance:
+            # a module's first load (~15 ms on CUDA) may come out of what the class saved beyond
+            # BANK_CALLS calls: a class of calls of tens of milliseconds never held one otherwise
+            extra = 0.0 if loaded else min(load, self.bank_for_load)
+            if self.spent + predicted > self.allowance + extra:
                 self.skipped.append(cfg.label)
                 continue
+            self.allowance += extra
+            self.bank_for_load -= extra
             t = time.perf_counter()
             kernel = sp._kernel(cfg, problem, sp.policy)
             if kernel is None:

@@ -68,6 +68,13 @@ MANIFEST_KEYS = {
         "a weighted fit chooses among the others (default true)",
         True,
     ),
+    "rule_ratio": Key(
+        (dict,),
+        "cvtype = [fastest, slowest]: the default configuration's time against the rule's first choice on "
+        "benchmarks/rule_order.py's grid; an unmeasured configuration is priced from it "
+        "(asp_gmm.explore.prior_ratio) instead of the backend's unknown_ratio_prior",
+        True,
+    ),
     "selectable": Key(
         (bool, str),
         "false: never chosen by the selection (pinned or tested only); an expression: offered to the selection "

@@ -1,0 +1,116 @@
+"""Exploring in place a configuration nothing of the class predicts: priced from its variant's
+declared ratio to the rule's first choice (``rule_ratio`` in the manifest, ``explore.prior_ratio``),
+its module's first load paid from what the class saved beyond ``BANK_CALLS`` calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from asp_gmm import explore, registry
+from asp_gmm.selection import Config, HistorySelector
+from asp_gmm.specializer import Specializer
+from asp_gmm.tuning_db import History
+from conftest import make_blobs
+from test_selection import FakeBackend, _train, fake_variant
+
+
+def _declared(name, ratio, tunables=None):
+    v = fake_variant(name, tunables)
+    return dataclasses.replace(v, extra={"rule_ratio": {"full": list(ratio)}})
+
+
+def test_prior_ratio_is_the_slowest_over_the_primarys_fastest_with_the_margin():
+    first, fast, other = (
+        _declared("V4", (1.0, 1.0)),
+        _declared("V3", (0.5, 1.2), {"chunk": [4, 8]}),
+        fake_variant("V2"),
+    )
+    got = explore.prior_ratio(Config.of(fast), Config.of(first), "full")
+    assert got == pytest.approx(explore.RULE_RATIO_MARGIN * 1.2)
+    # the primary faster than the rule's first: the other's slowest over the primary's fastest
+    assert explore.prior_ratio(Config.of(first), Config.of(fast), "full") == pytest.approx(
+        explore.RULE_RATIO_MARGIN * 1.0 / 0.5
+    )
+    assert explore.prior_ratio(Config.of(fast, {"chunk": 8}), Config.of(first), "full") is None  # a tunable point
+    assert explore.prior_ratio(Config.of(fast), Config.of(first), "diag") is None  # not declared for diag
+    assert explore.prior_ratio(Config.of(other), Config.of(first), "full") is None  # not declared
+
+
+def test_every_cuda_variant_declaring_rule_ratio_declares_a_range_of_its_own_cvtypes():
+    for v in registry.variants("cuda", "covariance"):
+        rr = v.extra.get("rule_ratio")
+        if rr is None:
+            continue
+        for cv, (lo, hi) in rr.items():
+            assert cv in v.cvtypes and 0 < lo <= hi, (v.name, cv, lo, hi)
+    v8, v5 = registry.get("cuda", "V8", "covariance"), registry.get("cuda", "V5", "covariance")
+    assert 1.0 < explore.prior_ratio(Config.of(v8), Config.of(v5), "full") < 5.0
+
+
+class _LoadingBackend(FakeBackend):
+    """A GPU-like backend: an unpredicted configuration is charged 40x in place, a sample's
+    session costs more than any allowance (so the class explores in place only), and a kernel's
+    first load in the process takes ``LOAD`` seconds (priced at the prior, a little more)."""
+
+    unknown_ratio_prior = 40.0
+    sample_fixed_prior = 10.0
+    load_seconds_prior = 0.08
+    LOAD = 0.05
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.loaded = set()
+
+    def is_loaded(self, variant, tunables, problem):
+        return (variant.name, tuple(sorted((tunables or {}).items()))) in self.loaded
+
+    def kernel(self, variant, tunables, problem):
+        key = (variant.name, tuple(sorted((tunables or {}).items())))
+        if key not in self.loaded:
+            time.sleep(self.LOAD)
+            self.loaded.add(key)
+        return super().kernel(variant, tunables, problem)
+
+
+def _calls(tmp_path, variants, n_calls, rng):
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    # V4 (the rule's first) and V3 twice as fast, in the backend's reported time (about the wall
+    # clock's: the class's bank is saved from reported times)
+    be = _LoadingBackend(variants=variants, costs={"V1": 4e-6, "V2": 3e-6, "V3": 0.75e-7, "V4": 1.5e-7, "V5": 2e-6})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 2, 2)
+    used, accounts = [], []
+    for _ in range(n_calls):
+        res = _train(sp, X, 2, iters=10)
+        used.append(res.variant.split("(")[0])
+        if sp.last_exploration is not None:
+            accounts.append(dict(sp.last_exploration))
+    h.close()
+    return used, accounts
+
+
+def test_a_declared_ratio_and_a_saved_up_load_let_a_small_class_explore_in_place(tmp_path, monkeypatch, rng):
+    """A class whose calls are too short to ever hold a module's load in BANK_CALLS calls' allowance,
+    with nothing predicting its candidates (priced at 40x), stayed on the rule's first choice for
+    good (on the H200, (153 600, 32, 32) full: V5 in every call, V8 10 % faster). With the variants'
+    declared ratios and the load paid from what the class saved, it explores the faster one in
+    place, within every call's allowance, and moves to it."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    # no call's allowance holds a load (82 ms against 10 % of ten 20-30 ms iterations, nothing banked)
+    monkeypatch.setattr(explore, "BANK_CALLS", 0)
+    declared = [
+        _declared("V4", (1.0, 1.0)),
+        _declared("V3", (0.5, 1.2), {"chunk": [4, 8]}),
+        fake_variant("V2"),
+        fake_variant("V1"),
+    ]
+    used, accounts = _calls(tmp_path / "a", declared, 12, rng)
+    assert all(a["spent"] <= a["allowance"] * (1 + 1e-9) for a in accounts), accounts
+    assert "V3" in used and used[-1] == "V3", used
+    # the same class without the declarations explores nothing in place
+    plain = [fake_variant("V4"), fake_variant("V3", {"chunk": [4, 8]}), fake_variant("V2"), fake_variant("V1")]
+    used, accounts = _calls(tmp_path / "b", plain, 12, rng)
+    assert set(used) == {"V4"} and not any(a["runs"] for a in accounts), (used, accounts)
