@@ -82,14 +82,16 @@ def _calls(tmp_path, variants, n_calls, rng):
     be = _LoadingBackend(variants=variants, costs={"V1": 4e-6, "V2": 3e-6, "V3": 0.75e-7, "V4": 1.5e-7, "V5": 2e-6})
     sp = Specializer(be, HistorySelector(h))
     X = make_blobs(rng, 140000, 2, 2)
-    used, accounts = [], []
+    used, accounts, runs = [], [], []
     for _ in range(n_calls):
+        be.ran = []
         res = _train(sp, X, 2, iters=10)
         used.append(res.variant.split("(")[0])
+        runs.append(list(be.ran))
         if sp.last_exploration is not None:
             accounts.append(dict(sp.last_exploration))
     h.close()
-    return used, accounts
+    return used, accounts, runs
 
 
 def test_a_declared_ratio_and_a_saved_up_load_let_a_small_class_explore_in_place(tmp_path, monkeypatch, rng):
@@ -107,10 +109,13 @@ def test_a_declared_ratio_and_a_saved_up_load_let_a_small_class_explore_in_place
         fake_variant("V2"),
         fake_variant("V1"),
     ]
-    used, accounts = _calls(tmp_path / "a", declared, 12, rng)
+    used, accounts, runs = _calls(tmp_path / "a", declared, 12, rng)
     assert all(a["spent"] <= a["allowance"] * (1 + 1e-9) for a in accounts), accounts
     assert "V3" in used and used[-1] == "V3", used
+    # until the class has saved the load, its calls run whole (the first prices the class: split)
+    k = used.index("V3")
+    assert k >= 3 and all(r == [("V4", 10)] for r in runs[1 : k - 1]), runs[:k]
     # the same class without the declarations explores nothing in place
     plain = [fake_variant("V4"), fake_variant("V3", {"chunk": [4, 8]}), fake_variant("V2"), fake_variant("V1")]
-    used, accounts = _calls(tmp_path / "b", plain, 12, rng)
+    used, accounts, _ = _calls(tmp_path / "b", plain, 12, rng)
     assert set(used) == {"V4"} and not any(a["runs"] for a in accounts), (used, accounts)
