@@ -64,10 +64,21 @@ class ExploreCosts:
     exploration's fixed part: its copy, session and per-run overhead; None before one),
     ``load_seconds`` (the last measured first load of a kernel by an exploring call; None before
     one), ``lookup`` (problem class -> the slowest look-up of a loaded kernel by an exploring
-    call in place) and ``in_place_spent`` (problem class -> seconds that exploring in place cost
-    beyond the call's own iterations in this process: debited from the class's banked allowance)."""
+    call in place), ``in_place_spent`` (problem class -> seconds that exploring in place cost
+    beyond the call's own iterations in this process: debited from the class's banked allowance)
+    and ``in_place_iter`` (problem class -> the iteration the class's last call exploring in place
+    priced its allowance from)."""
 
-    __slots__ = ("overhead", "copy_rate", "call_seconds", "sample_fixed", "load_seconds", "lookup", "in_place_spent")
+    __slots__ = (
+        "overhead",
+        "copy_rate",
+        "call_seconds",
+        "sample_fixed",
+        "load_seconds",
+        "lookup",
+        "in_place_spent",
+        "in_place_iter",
+    )
 
     def __init__(self):
         self.overhead: dict = {}
@@ -77,6 +88,7 @@ class ExploreCosts:
         self.load_seconds: float | None = None
         self.lookup: dict = {}
         self.in_place_spent: dict = {}
+        self.in_place_iter: dict = {}
 
 
 class Runtime:
