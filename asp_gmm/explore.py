@@ -150,7 +150,8 @@ class Exploration:
             # iteration costs more per event than the whole data's), else the whole data's
             rate = min((r for r in (self.fastest, self.sampled) if r), default=self.whole or math.inf)
             unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
-            ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, unknown)
+            declared = prior_ratio(cfg, plan.primary, self.problem.cvtype)
+            ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, unknown if declared is None else declared)
             loaded = backend.is_loaded(cfg.variant, cfg.params, spp)
             # (a GPU module's load, uncharged before: a call exploring V4 at (500 000, 36, 128)
             # full spent 24 ms of a 17 ms allowance)
@@ -302,7 +303,8 @@ def sample_first(sp, problem, plan, max_iters) -> list:
     for cfg in plan.explore:
         if cfg == plan.primary or probe.price(cfg, t_kernel) <= allowance:
             continue  # in place prices it within the allowance: it runs there
-        cost = runs_each * plan.predicted.get(cfg, unknown) * rate * n
+        declared = prior_ratio(cfg, plan.primary, problem.cvtype)
+        cost = runs_each * plan.predicted.get(cfg, unknown if declared is None else declared) * rate * n
         if not sp.backend.is_loaded(cfg.variant, cfg.params, problem):
             cost += _first_load(sp)
         if total + cost <= allowance:

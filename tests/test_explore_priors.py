@@ -158,3 +158,39 @@ def test_a_call_whose_candidates_cannot_fit_its_in_place_allowance_runs_whole(tm
         runs.append(list(be.ran))
     h.close()
     assert all(r == [("V4", 10)] for r in runs[2:]), runs
+
+
+class _CostlyInPlaceBackend(FakeBackend):
+    """An unpredicted configuration charged 40x in place; a sample's session cheap (0.05 s)."""
+
+    unknown_ratio_prior = 40.0
+    sample_fixed_prior = 0.05
+
+
+def test_a_sample_prices_an_unmeasured_variant_from_its_declared_ratio(tmp_path, monkeypatch, rng):
+    """What exploring in place cannot afford is timed on a sample first, priced there at the plan's
+    unknown ratio (4x): V3, declared 12-370x the rule's first on the grid, ran 30-40x on a sample
+    and overshot its call's allowance 3x ((1 000 000, 64, 64) diag, H200: 33.5 ms of 11.5). Its
+    declared ratio prices it now, and it does not fit these calls' allowances."""
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    variants = [
+        _declared("V4", (1.0, 1.0)),
+        _declared("V3", (30.0, 40.0), {"chunk": [4, 8]}),
+        _declared("V2", (0.5, 1.2)),
+        fake_variant("V1"),
+    ]
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    be = _CostlyInPlaceBackend(variants=variants, costs={"V1": 4e-7, "V2": 0.5e-7, "V3": 4e-6, "V4": 1e-7})
+    sp = Specializer(be, HistorySelector(h))
+    X = make_blobs(rng, 140000, 3, 2)
+    ran = []
+    for call in range(8):
+        be.ran = []
+        _train(sp, X, 2, iters=10)
+        ran += [n for n, _ in be.ran]
+        a = sp.last_exploration
+        if a is not None:
+            assert a["spent"] <= a["allowance"] * (1 + 1e-9), (call, a)
+    h.close()
+    # (priced at 4x, V3 ran on a sample in the sixth call: 0.14 s against a 0.05 s allowance)
+    assert "V2" in ran and "V3" not in ran, ran
