@@ -49,6 +49,12 @@ def prior_ratio(cfg, primary, cvtype: str) -> float | None:
     return RULE_RATIO_MARGIN * float(mine[1]) / float(theirs[0])
 
 
+def _ratio_or(cfg, primary, cvtype: str, unknown: float) -> float:
+    """:func:`prior_ratio` where declared, else ``unknown``: what an unpredicted ``cfg`` is charged."""
+    declared = prior_ratio(cfg, primary, cvtype)
+    return unknown if declared is None else declared
+
+
 def _first_load(sp) -> float:
     """Seconds a kernel's first load in the process is charged: the last measured, else the
     backend's :attr:`~asp_gmm.backends.base.Backend.load_seconds_prior` (a GPU module: ~15 ms)."""
@@ -150,8 +156,11 @@ class Exploration:
             # iteration costs more per event than the whole data's), else the whole data's
             rate = min((r for r in (self.fastest, self.sampled) if r), default=self.whole or math.inf)
             unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
-            declared = prior_ratio(cfg, plan.primary, self.problem.cvtype)
-            ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, unknown if declared is None else declared)
+            ratio = (
+                1.0
+                if cfg == plan.primary
+                else plan.predicted.get(cfg, _ratio_or(cfg, plan.primary, self.problem.cvtype, unknown))
+            )
             loaded = backend.is_loaded(cfg.variant, cfg.params, spp)
             # (a GPU module's load, uncharged before: a call exploring V4 at (500 000, 36, 128)
             # full spent 24 ms of a 17 ms allowance)
@@ -303,8 +312,7 @@ def sample_first(sp, problem, plan, max_iters) -> list:
     for cfg in plan.explore:
         if cfg == plan.primary or probe.price(cfg, t_kernel) <= allowance:
             continue  # in place prices it within the allowance: it runs there
-        declared = prior_ratio(cfg, plan.primary, problem.cvtype)
-        cost = runs_each * plan.predicted.get(cfg, unknown if declared is None else declared) * rate * n
+        cost = runs_each * plan.predicted.get(cfg, _ratio_or(cfg, plan.primary, problem.cvtype, unknown)) * rate * n
         if not sp.backend.is_loaded(cfg.variant, cfg.params, problem):
             cost += _first_load(sp)
         if total + cost <= allowance:
@@ -378,7 +386,7 @@ class InPlace:
             if sp.backend.is_loaded(c.variant, c.params, problem):
                 return price <= allowance
             load = _first_load(sp)
-            return price + load <= allowance + min(load, self.bank_for_load)
+            return price + load <= allowance + self._load_extra(False, load)
 
         if not any(fits(c) for c in plan.explore):
             self.allowance = allowance
@@ -445,10 +453,13 @@ class InPlace:
         return max(self.plan.unknown_ratio or selection.UNKNOWN_RATIO, prior)
 
     def _prior(self, cfg, unknown: float) -> float:
-        """The ratio charged to ``cfg`` when nothing of the class predicts it: its declared one
-        (:func:`prior_ratio`), else ``unknown``."""
-        declared = prior_ratio(cfg, self.plan.primary, self.problem.cvtype)
-        return unknown if declared is None else declared
+        """The ratio charged to ``cfg`` when nothing of the class predicts it (:func:`_ratio_or`)."""
+        return _ratio_or(cfg, self.plan.primary, self.problem.cvtype, unknown)
+
+    def _load_extra(self, loaded: bool, load: float) -> float:
+        """What the class's savings beyond :data:`BANK_CALLS` calls add to the allowance for a
+        configuration: its module's first load, where it is not loaded (at most what is saved)."""
+        return 0.0 if loaded else min(load, self.bank_for_load)
 
     def _priced(self, cfg, t_kernel, unknown, loaded):
         """(ratio, load, seconds) a configuration is charged before it runs in place: its
@@ -492,7 +503,7 @@ class InPlace:
             )
             # a module's first load (~15 ms on CUDA) may come out of what the class saved beyond
             # BANK_CALLS calls: a class of calls of tens of milliseconds never held one otherwise
-            extra = 0.0 if loaded else min(load, self.bank_for_load)
+            extra = self._load_extra(loaded, load)
             if self.spent + predicted > self.allowance + extra:
                 self.skipped.append(cfg.label)
                 continue
