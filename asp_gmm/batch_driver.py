@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import selection
+from .explore import unknown_ratio
 from .backends.batch_base import BatchRuns, DeviceStack, MemberRun, check_problems
 from .errors import CompileError, KernelError
 from .problem import BatchProblem
@@ -337,8 +338,7 @@ class BatchSpecializer:
         iterations, more than a few calls' shares of a short call, so capped it never ran; the
         class's exploring stays within its fraction of its time)."""
         ck = ("batch",) + selection.problem_class(bp)
-        unknown = max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(self.backend, "unknown_ratio_prior", 0.0))
-        ratio = plan.predicted.get(plan.explore[0], unknown)
+        ratio = plan.predicted.get(plan.explore[0], unknown_ratio(self.backend, plan))
         bank = max(plan.banked - self.single._costs.in_place_spent.get(ck, 0.0), 0.0)
         return ck, ratio, self.policy.explore_allowance(bp, max_iters, 0.0, t_iter, plan.fraction) + bank
 

@@ -49,6 +49,12 @@ def prior_ratio(cfg, primary, cvtype: str) -> float | None:
     return RULE_RATIO_MARGIN * float(mine[1]) / float(theirs[0])
 
 
+def unknown_ratio(backend, plan) -> float:
+    """The ratio charged to a configuration nothing predicts: the plan's unknown ratio (else
+    :data:`selection.UNKNOWN_RATIO`) or the backend's ``unknown_ratio_prior``, whichever is wider."""
+    return max(plan.unknown_ratio or selection.UNKNOWN_RATIO, getattr(backend, "unknown_ratio_prior", 0.0))
+
+
 def _ratio_or(cfg, primary, cvtype: str, unknown: float) -> float:
     """:func:`prior_ratio` where declared, else ``unknown``: what an unpredicted ``cfg`` is charged."""
     declared = prior_ratio(cfg, primary, cvtype)
@@ -448,9 +454,8 @@ class InPlace:
         return base + min(banked, BANK_CALLS * base)
 
     def _unknown(self) -> float:
-        """The ratio charged to a configuration nothing predicts (the plan's, or the backend's prior)."""
-        prior = getattr(self.sp.backend, "unknown_ratio_prior", 0.0)
-        return max(self.plan.unknown_ratio or selection.UNKNOWN_RATIO, prior)
+        """The ratio charged to a configuration nothing predicts (:func:`unknown_ratio`)."""
+        return unknown_ratio(self.sp.backend, self.plan)
 
     def _prior(self, cfg, unknown: float) -> float:
         """The ratio charged to ``cfg`` when nothing of the class predicts it (:func:`_ratio_or`)."""
