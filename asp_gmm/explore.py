@@ -137,13 +137,37 @@ class Exploration:
     def spent(self) -> float:
         return time.perf_counter() - self.t0 + self.extra
 
-    def allowance(self) -> float | None:
+    def allowance(self, saved: float = 0.0) -> float | None:
         rates = [r for r in (self.fastest, self.whole) if r]
         if not rates:
             return None
         wall = self.sp._costs.call_seconds.get(selection.problem_class(self.problem))
         base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates), wall, self.fraction)
-        return base + min(self.banked, BANK_CALLS * base)
+        return base + min(self.banked + saved, BANK_CALLS * base)
+
+    def _predicted(self, cfg, plan) -> float:
+        """Seconds a sampled run of ``cfg`` is charged before it runs (``inf``: nothing prices it)."""
+        # per-event time on a sample: measured in this call, else on samples before (a sample's
+        # iteration costs more per event than the whole data's), else the whole data's
+        rate = min((r for r in (self.fastest, self.sampled) if r), default=self.whole or math.inf)
+        unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
+        prior = _ratio_or(cfg, plan.primary, self.problem.cvtype, unknown)
+        ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, prior)
+        # (a GPU module's load, uncharged before: a call exploring V4 at (500 000, 36, 128) full
+        # spent 24 ms of a 17 ms allowance)
+        loaded = self.sp.backend.is_loaded(cfg.variant, cfg.params, self.sp_problem)
+        runs = _runs_each(self.sp.backend) * ratio * rate * self.sp_problem.N
+        return runs + self.overhead + self._predicted_copy() + (0.0 if loaded else _first_load(self.sp))
+
+    def fits(self, plan, saved: float = 0.0) -> bool:
+        """Whether a configuration of ``plan`` to explore would fit this exploration's allowance with
+        ``saved`` seconds more in the class's savings (the primary's sampled run first where it has
+        none), priced as :meth:`round` prices it; nothing runs."""
+        allowance = self.allowance(saved)
+        if allowance is None:
+            return True
+        primary = 0.0 if plan.primary_sampled else self._predicted(plan.primary, plan)
+        return any(primary + self._predicted(c, plan) <= allowance for c in plan.explore if c != plan.primary)
 
     def round(self, plan, weights, means, covars, reg_covar):
         """One EM iteration of the primary (unless sampled before) and of each configuration to
@@ -158,25 +182,12 @@ class Exploration:
         runs_each = _runs_each(backend)
         for cfg in first + [c for c in plan.explore if c != plan.primary and c not in self.measured]:
             allowance = self.allowance()
-            # per-event time on a sample: measured in this call, else on samples before (a sample's
-            # iteration costs more per event than the whole data's), else the whole data's
-            rate = min((r for r in (self.fastest, self.sampled) if r), default=self.whole or math.inf)
-            unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
-            ratio = (
-                1.0
-                if cfg == plan.primary
-                else plan.predicted.get(cfg, _ratio_or(cfg, plan.primary, self.problem.cvtype, unknown))
-            )
             loaded = backend.is_loaded(cfg.variant, cfg.params, spp)
-            # (a GPU module's load, uncharged before: a call exploring V4 at (500 000, 36, 128)
-            # full spent 24 ms of a 17 ms allowance)
-            load = 0.0 if loaded else _first_load(sp)
-            if allowance is not None and rate < math.inf:
-                predicted = runs_each * ratio * rate * spp.N + self.overhead + self._predicted_copy() + load
-                if self.spent() + predicted > allowance:
-                    stopped = True
-                    self.skipped.append(cfg.label)
-                    continue  # a cheaper one further down may still fit
+            predicted = self._predicted(cfg, plan) if allowance is not None else math.inf
+            if predicted < math.inf and self.spent() + predicted > allowance:
+                stopped = True
+                self.skipped.append(cfg.label)
+                continue  # a cheaper one further down may still fit
             if not backend.is_ready(cfg.variant, cfg.params, spp):
                 continue  # never compile to explore: the policy compiles it beside or after the call
             if self.session is None:
@@ -281,7 +292,7 @@ def in_place_cheaper(sp, problem, plan) -> bool:
     return per_iter is None or per_iter < fixed
 
 
-def sample_first(sp, problem, plan, max_iters) -> list:
+def sample_first(sp, problem, plan, max_iters, saved: float = 0.0) -> list:
     """The configurations a call that explores in place should time on a sample first: those whose
     in-place price (:meth:`InPlace.price`: an unpredicted one at the backend's
     :attr:`~asp_gmm.backends.base.Backend.unknown_ratio_prior`, 40 on CUDA) exceeds the allowance
@@ -296,13 +307,13 @@ def sample_first(sp, problem, plan, max_iters) -> list:
     Without this a GPU class whose iteration costs less than a sample's session explored only what
     the history predicted: on a fresh history nothing, so (500 000, 36, 128) full stayed on the
     rule's V5 while V8 ran its iterations 1.3x faster. Empty when the class's call time is not known yet (its
-    first call prices nothing)."""
+    first call prices nothing). ``saved``: seconds more in the class's savings (priced ahead)."""
     ck = selection.problem_class(problem)
     t_iter = sp._costs.call_seconds.get(ck)
     if t_iter is None or not plan.fastest or plan.confirm or not plan.explore:
         return []
     probe = InPlace(sp, problem, plan, max_iters, None)
-    allowance = probe._allowance(t_iter)
+    allowance = probe._allowance(t_iter, saved)
     t_kernel = plan.fastest * problem.N
     fixed = sp._costs.sample_fixed
     if fixed is None:
@@ -367,7 +378,7 @@ class InPlace:
         self.t_iter = self.t_kernel = None
         self.bank_for_load = 0.0  # (set with the allowance)
 
-    def hopeless(self) -> bool:
+    def hopeless(self, saved: float = 0.0) -> bool:
         """True when the class's last timings show that nothing to explore could fit this call's
         allowance (the call then runs whole, not split around a first iteration): its module's
         load included where it is not loaded, as :meth:`explore` charges it (a settled
@@ -382,7 +393,7 @@ class InPlace:
         if t_iter is None or not plan.fastest:
             return False
         t_kernel = plan.fastest * problem.N
-        allowance = max(self._allowance(t_iter) - self.spent_before, 0.0)
+        allowance = max(self._allowance(t_iter, saved) - self.spent_before, 0.0)
         unknown = self._unknown()
 
         runs_each = _runs_each(sp.backend)
@@ -395,10 +406,28 @@ class InPlace:
             return price + load <= allowance + self._load_extra(False, load)
 
         if not any(fits(c) for c in plan.explore):
-            self.allowance = allowance
-            self.skipped = [c.label for c in plan.explore]
+            if not saved:
+                self.allowance = allowance
+                self.skipped = [c.label for c in plan.explore]
             return True
         return False
+
+    def calls_to_fit(self, horizon: int, sampled=None) -> int:
+        """After :meth:`hopeless` said so: in how many calls a candidate may fit in place, on a
+        sample first (:func:`sample_first`) or on a sample (``sampled``, an :class:`Exploration`
+        not run), the class saving its fraction of each call's iterations (at most ``horizon`` + 1)."""
+        per_call = self.plan.fraction * max(self.max_iters, 1) * (self.plan.fastest or 0.0) * self.problem.N
+        keep, sp, plan = self.bank_for_load, self.sp, self.plan
+        try:
+            for k in range(1, horizon + 1):
+                saved = k * per_call
+                if not self.hopeless(saved) or sample_first(sp, self.problem, plan, self.max_iters, saved):
+                    return k
+                if sampled is not None and sampled.fits(plan, saved):
+                    return k
+            return horizon + 1
+        finally:
+            self.bank_for_load = keep
 
     def first(self, kernel, iters_left=None) -> None:
         """The call's first iterations, on the planned configuration: time what an iteration costs
@@ -443,12 +472,13 @@ class InPlace:
             self.allowance,
         )
 
-    def _allowance(self, t_iter: float) -> float:
+    def _allowance(self, t_iter: float, saved: float = 0.0) -> float:
         """The call's allowance for iterations of ``t_iter`` seconds: its own share and what the
-        class left unspent, less what exploring in place has cost the class in this process."""
+        class left unspent (and ``saved`` more), less what exploring in place has cost the class in
+        this process."""
         ck = selection.problem_class(self.problem)
         base = self.sp.policy.explore_allowance(self.problem, self.max_iters, 0.0, t_iter, self.plan.fraction)
-        banked = max(self.plan.banked - self.sp._costs.in_place_spent.get(ck, 0.0), 0.0)
+        banked = max(self.plan.banked + saved - self.sp._costs.in_place_spent.get(ck, 0.0), 0.0)
         # what the class saved beyond BANK_CALLS calls: spent only on a module's first load
         self.bank_for_load = max(banked - BANK_CALLS * base, 0.0)
         return base + min(banked, BANK_CALLS * base)

@@ -65,9 +65,11 @@ class ExploreCosts:
     ``load_seconds`` (the last measured first load of a kernel by an exploring call; None before
     one), ``lookup`` (problem class -> the slowest look-up of a loaded kernel by an exploring
     call in place), ``in_place_spent`` (problem class -> seconds that exploring in place cost
-    beyond the call's own iterations in this process: debited from the class's banked allowance)
-    and ``in_place_iter`` (problem class -> the iteration the class's last call exploring in place
-    priced its allowance from)."""
+    beyond the call's own iterations in this process: debited from the class's banked allowance),
+    ``in_place_iter`` (problem class -> the iteration the class's last call exploring in place
+    priced its allowance from) and ``settled`` (a class whose last planned call explored nothing ->
+    ``[token, plan, calls left, span]``: the plan reused while the policy's state token stays the
+    same, see :data:`asp_gmm.specializer.SETTLED_CALLS`)."""
 
     __slots__ = (
         "overhead",
@@ -78,6 +80,7 @@ class ExploreCosts:
         "lookup",
         "in_place_spent",
         "in_place_iter",
+        "settled",
     )
 
     def __init__(self):
@@ -89,6 +92,7 @@ class ExploreCosts:
         self.lookup: dict = {}
         self.in_place_spent: dict = {}
         self.in_place_iter: dict = {}
+        self.settled: dict = {}
 
 
 class Runtime:

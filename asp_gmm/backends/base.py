@@ -249,6 +249,12 @@ class Backend(abc.ABC):
         """Whether :meth:`kernel` would return without compiling (loaded, or in the disk cache)."""
         return True
 
+    def readiness_token(self):
+        """A value that changes when :meth:`is_ready` or :meth:`is_loaded` may answer differently
+        (a kernel compiled or loaded in this process): a settled class's plan is made again then.
+        Backends with nothing to load answer a constant."""
+        return 0
+
     def prepare(self, problem: Problem) -> None:
         """Load (compiling if needed) what every session for ``problem`` runs besides the covariance
         variant (an EM core, an E-step), so that the first real call does not pay for it."""

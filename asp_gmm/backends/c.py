@@ -195,6 +195,10 @@ class CBackend(Backend):
     def prepare_key(self, problem: Problem):
         return (problem.cvtype, problem.dtype)  # binaries serve every N, D, M
 
+    def readiness_token(self):
+        """Kernels loaded in this process (see the base class)."""
+        return len(self._kernels)
+
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         tun = variant.default_tunables()
         tun.update(tunables or {})

@@ -11,7 +11,7 @@ from ..variant import Config
 from .index import NEIGHBOURS, RANK_ROWS, _Index, problem_class
 from . import plan as _plan
 from .confirm import checks
-from .plan import TUNE_VARIANTS, TUNE_WITHIN, Plan, RuleSelector, Selector, autotune_enabled, log, rule_order
+from .plan import TUNE_VARIANTS, TUNE_WITHIN, Plan, RuleSelector, Selector, autotune_enabled, log, rule_order, why_best
 
 
 class HistorySelector(Selector):
@@ -147,6 +147,18 @@ class HistorySelector(Selector):
             self._disable(history, exc)
 
     # ------------------------------------------------------------------ policy
+    def state_token(self, backend, problem):
+        """The history and its index's generation (a configuration measured for the first time, a
+        failure; the medians drift slowly and a settled plan is made again every few calls)."""
+        history = self.history()
+        if history is None:
+            return "rule"
+        try:
+            idx = self.index(backend, history)
+        except Exception:  # noqa: BLE001 - plan() reports a broken history; here: plan every call
+            return None
+        return (id(history), id(idx), idx.generation)
+
     def plan(self, backend, problem, candidates, pinned=False) -> Plan:
         if pinned or len(candidates) <= 1:
             return self._rule.plan(backend, problem, candidates, pinned)
@@ -173,7 +185,7 @@ class HistorySelector(Selector):
         best = min(options, key=lambda o: o[1]) if options else None
         if not autotune_enabled():
             if not untried:
-                return Plan(best[0], [], "history", why=self._why_best(best, options))
+                return Plan(best[0], [], "history", why=why_best(best, options))
             ranking, predicted, _, how = self._rank(backend, problem, valid, idx)
             log.debug(
                 "%s %s for %s on %s (%s)",
@@ -252,7 +264,7 @@ class HistorySelector(Selector):
                 frac = _plan.EXPLORE_FRACTION  # variants, checked on the data
                 why = "on the whole data next (timed on samples only): " + ", ".join(c.label for c in explore)
         if not explore:
-            return Plan(primary, [], "history", pruned, self._why_best(best, options) + ("; " + why if why else ""))
+            return Plan(primary, [], "history", pruned, why_best(best, options) + ("; " + why if why else ""))
         samp = idx.sampled.get(problem_class(problem), {})
         done = self.vkey(primary) in samp
         unknown = max(_plan.UNKNOWN_RATIO, idx.spread(problem.cvtype, problem.dtype))
@@ -267,7 +279,7 @@ class HistorySelector(Selector):
             unknown_ratio=unknown,
             fastest=best[1] if best else None,
             sampled_fastest=min((a.median for a in samp.values()), default=None),
-            banked=self._banked(idx, problem, frac),
+            banked=idx.banked(problem_class(problem), frac),
             fraction=frac,
             confirm=confirm,
             confirm_times=confirm_times if confirm else {},
@@ -315,20 +327,6 @@ class HistorySelector(Selector):
             if t is not None and t >= _plan.RULE_TAIL_FACTOR * best[1]:
                 return [o for o in order[i + 1 :] if o.variant.name in names and o in explore]
         return []
-
-    @staticmethod
-    def _banked(idx, problem, fraction) -> float:
-        """The allowance earlier calls of the class left unspent at ``fraction`` (:attr:`Plan.banked`)."""
-        spent = idx.spent.get(problem_class(problem))
-        return 0.0 if not spent else max(fraction * spent[1] - spent[0], 0.0)
-
-    @staticmethod
-    def _why_best(best, options) -> str:
-        if not best:
-            return ""
-        rest = sorted(t for c, t in options if c != best[0])
-        vs = f", next {rest[0] / best[1]:.2f}x" if rest else ""
-        return f"fastest of {len(options)} measured in the class ({best[1] * 1e9:.3g} ns/event{vs})"
 
     def _options(self, backend, problem, valid, measured, idx) -> list:
         """[(config, seconds per event)] measured in this class: the candidates, and tuned

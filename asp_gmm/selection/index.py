@@ -204,6 +204,11 @@ class _Index:
         self._scores[ck] = out
         return out
 
+    def banked(self, ck, fraction: float) -> float:
+        """The allowance earlier calls of class ``ck`` left unspent at ``fraction`` (:attr:`Plan.banked`)."""
+        spent = self.spent.get(ck)
+        return 0.0 if not spent else max(fraction * spent[1] - spent[0], 0.0)
+
     def failed(self, vk, problem: Problem) -> bool:
         return (vk, problem.cvtype, problem.dtype) in self.compile_failed or (
             vk,

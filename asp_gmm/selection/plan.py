@@ -196,6 +196,22 @@ class Selector:
         problems would do (a history selector reads the device's rows and fits its predictors).
         The rule has none."""
 
+    def state_token(self, backend, problem: Problem):
+        """A value that changes whenever what :meth:`plan` decides for ``problem`` may change, or
+        None when the selector cannot say (every call is then planned). A class whose calls explore
+        nothing is re-planned only every few calls while it stays the same (see
+        :data:`asp_gmm.specializer.SETTLED_CALLS`)."""
+        return None
+
+
+def why_best(best, options) -> str:
+    """One line on the measured best ``(config, seconds per event)`` among ``options``."""
+    if not best:
+        return ""
+    rest = sorted(t for c, t in options if c != best[0])
+    vs = f", next {rest[0] / best[1]:.2f}x" if rest else ""
+    return f"fastest of {len(options)} measured in the class ({best[1] * 1e9:.3g} ns/event{vs})"
+
 
 def rule_order(backend, candidates: list, cvtype: str | None = None) -> list:
     """``candidates`` sorted by the backend's preference list (unlisted ones last, stable): the
@@ -221,3 +237,6 @@ class RuleSelector(Selector):
         best = rule_order(backend, candidates, problem.kernel_cvtype)[0]
         log.debug("rule: %s for %s on %s", best.label, problem, backend.name)
         return Plan(best, [], "rule")
+
+    def state_token(self, backend, problem: Problem):
+        return "rule"  # (the rule's choice depends on the candidates alone)

@@ -106,6 +106,19 @@ class Policy:
             plan, explore=explore, compile_later=later, primary_in_background=not pinned and not ready(plan.primary)
         )
 
+    def state_token(self, backend, problem: Problem):
+        """What a plan for ``problem`` stands on (:meth:`Selector.state_token`, with the selector
+        itself and the backend's :meth:`~asp_gmm.backends.base.Backend.readiness_token`), or None
+        (plan every call): under ``ASP_GMM_DETERMINISTIC=1``, or for a selector that cannot say."""
+        if _plan.deterministic():
+            return None
+        sel = self.selector
+        ask = getattr(sel, "state_token", None)  # a selector need not subclass Selector
+        token = None if ask is None else ask(backend, problem)
+        if token is None:
+            return None
+        return (id(sel), token, backend.readiness_token())
+
     def confirm(self, backend, problem: Problem, candidates: list, plan: Plan) -> Plan | None:
         """After a call's sampled exploration: ``plan`` with the variants timed only on samples
         that are close to its primary there (compiled ones) to run in place on the whole data

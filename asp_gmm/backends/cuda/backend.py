@@ -322,6 +322,10 @@ class CudaBackend(Backend):
         tun.update(tunables or {})
         return self._module_key(variant, tun, problem) in self._modules
 
+    def readiness_token(self):
+        """Modules loaded and configurations found compiled in this process (see the base class)."""
+        return (len(self._modules), len(self._ready))
+
     @_on_binary_problem
     def is_ready(self, variant, tunables, problem: Problem) -> bool:
         """True when this variant, the EM core and the E-step for the problem's class are loaded or
