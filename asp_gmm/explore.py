@@ -78,21 +78,19 @@ class Exploration:
     """The sampled exploration of one call, charged against the policy's allowance.
 
     Every cost is counted, by the wall clock: the sample's copy and its session, the kernels'
-    look-ups (a configuration not compiled is never compiled here: the policy compiles it after
-    or beside the call), the parameter uploads and the launches. The primary runs first on the
-    sample unless sampled before (it measures what a sampled iteration costs). Before each configuration
-    runs its cost is predicted: the fastest per-event time measured on the sample (in this call,
-    else in earlier calls, else the class's whole-data best) times the plan's predicted ratio for
-    it (the cost model or the nearest classes; :attr:`Plan.unknown_ratio`, or the widest ratio
-    seen in this call, when nothing predicts it), plus the largest per-run overhead seen and the
-    sample's copy when not made yet and its kernel's load when not loaded yet; it runs only when
-    that fits what is left of the allowance.
+    look-ups (a configuration not compiled is never compiled here: the policy compiles it after or
+    beside the call), the parameter uploads and the launches. The primary runs first on the sample
+    unless sampled before (it measures what a sampled iteration costs). Before each configuration
+    runs its cost is predicted (:meth:`_predicted`): the fastest per-event time measured on the
+    sample (in this call, else in earlier calls, else the class's whole-data best) times the plan's
+    predicted ratio for it (:attr:`Plan.unknown_ratio`, or the widest ratio seen in this call, when
+    nothing predicts it), plus the largest per-run overhead seen, the sample's copy when not made
+    yet and its kernel's load when not loaded yet; it runs only when that fits what is left.
 
     The allowance is :data:`EXPLORE_FRACTION` of the call's estimated time plus what earlier calls
-    of the class left unspent (:attr:`Plan.banked`, at most :data:`BANK_CALLS` times as much): a class whose
-    candidates cost more than one call's allowance is explored over several calls, its total
-    exploring held within the fraction of its total time. One sample and one session serve every
-    round of the call; the sample is not copied when nothing fits.
+    of the class left unspent (:attr:`Plan.banked`, at most :data:`BANK_CALLS` times as much): a
+    class whose candidates cost more than one call's allowance is explored over several calls. One
+    sample and one session serve every round of the call; the sample is not copied when nothing fits.
     """
 
     def __init__(self, sp, X, problem, sample, max_iters, plan):
@@ -300,14 +298,12 @@ def sample_first(sp, problem, plan, max_iters, saved: float = 0.0) -> list:
     run is priced by what sampled explorations cost: the fixed part (the last one's session, copy
     and per-run overhead, measured, else the backend's prior), the primary's runs on the sample when
     it was not sampled before, and each configuration's runs at its predicted ratio (else the
-    plan's unknown ratio: a slow configuration overshoots by a sample's iteration, not the
-    data's), per event at the class's sampled rate (else its whole-data rate), with its kernel's
-    load where it is not loaded yet.
+    plan's unknown ratio), per event at the class's sampled rate (else its whole-data rate), with
+    its kernel's load where it is not loaded yet. ``saved``: seconds more in the class's savings.
 
     Without this a GPU class whose iteration costs less than a sample's session explored only what
-    the history predicted: on a fresh history nothing, so (500 000, 36, 128) full stayed on the
-    rule's V5 while V8 ran its iterations 1.3x faster. Empty when the class's call time is not known yet (its
-    first call prices nothing). ``saved``: seconds more in the class's savings (priced ahead)."""
+    the history predicted: on a fresh history nothing ((500 000, 36, 128) full stayed on the rule's
+    V5, V8 1.3x faster). Empty when the class's call time is not known yet (its first call)."""
     ck = selection.problem_class(problem)
     t_iter = sp._costs.call_seconds.get(ck)
     if t_iter is None or not plan.fastest or plan.confirm or not plan.explore:
@@ -413,19 +409,24 @@ class InPlace:
         return False
 
     def calls_to_fit(self, horizon: int, sampled=None) -> int:
-        """After :meth:`hopeless` said so: in how many calls a candidate may fit in place, on a
-        sample first (:func:`sample_first`) or on a sample (``sampled``, an :class:`Exploration`
-        not run), the class saving its fraction of each call's iterations (at most ``horizon`` + 1)."""
+        """After :meth:`hopeless`: in how many calls a candidate may fit in place, on a sample first
+        (:func:`sample_first`) or on a sample (``sampled``: an :class:`Exploration`, not run), the
+        class saving its fraction of each call meanwhile (at most ``horizon`` + 1; bisected)."""
         per_call = self.plan.fraction * max(self.max_iters, 1) * (self.plan.fastest or 0.0) * self.problem.N
         keep, sp, plan = self.bank_for_load, self.sp, self.plan
+
+        def fits(k):
+            saved = k * per_call
+            if not self.hopeless(saved) or sample_first(sp, self.problem, plan, self.max_iters, saved):
+                return True
+            return sampled is not None and sampled.fits(plan, saved)
+
+        lo, hi = 1, horizon + 1  # fits(hi) taken as true: the answer is in [lo, hi]
         try:
-            for k in range(1, horizon + 1):
-                saved = k * per_call
-                if not self.hopeless(saved) or sample_first(sp, self.problem, plan, self.max_iters, saved):
-                    return k
-                if sampled is not None and sampled.fits(plan, saved):
-                    return k
-            return horizon + 1
+            while lo < hi:
+                mid = hi - 1 if hi == horizon + 1 else (lo + hi) // 2  # (the horizon first)
+                lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+            return lo
         finally:
             self.bank_for_load = keep
 
