@@ -268,7 +268,7 @@ class Exploration:
         return line
 
 
-def in_place_cheaper(sp, problem, plan) -> bool:
+def in_place_cheaper(sp, problem, plan, margin: float = 1.0) -> bool:
     """Whether a problem large enough to explore on a sample explores in place instead (each
     explored configuration runs one of the call's own iterations, within the allowance:
     :class:`InPlace`): when one of the class's EM iterations costs less than a sampled
@@ -287,7 +287,7 @@ def in_place_cheaper(sp, problem, plan) -> bool:
     per_iter = sp._costs.call_seconds.get(selection.problem_class(problem))
     if per_iter is None and plan.fastest:
         per_iter = plan.fastest * problem.N
-    return per_iter is None or per_iter < fixed
+    return per_iter is None or per_iter * margin < fixed
 
 
 def sample_first(sp, problem, plan, max_iters, saved: float = 0.0) -> list:

@@ -318,8 +318,12 @@ class Specializer:
                 in_place = InPlace(self, problem, plan, max_iters, one_iteration, spent_before)
                 hopeless = in_place.hopeless()
                 if hopeless and token is not None:
+                    # (a class whose iteration is near a sample's fixed cost may explore on a
+                    # sample, not gated, next time: its pricing too)
                     n = sel.sample_size(problem, len(plan.explore), max_iters)
-                    probe = Exploration(self, X, problem, n, max_iters, plan) if n < problem.N else None
+                    timed = self._costs.call_seconds.get(selection.problem_class(problem), 0.0) > 0
+                    near = not (timed and in_place_cheaper(self, problem, plan, margin=2.0))
+                    probe = Exploration(self, X, problem, n, max_iters, plan) if near and n < problem.N else None
                     fits_in = in_place.calls_to_fit(SETTLED_CALLS, probe)
                 kernel = None if hopeless else self._kernel(plan.primary, problem, sel)
                 if kernel is None:
