@@ -157,6 +157,7 @@ def test_a_class_with_nothing_that_fits_settles_until_a_candidate_may_fit(tmp_pa
     from test_explore_priors import _LoadingBackend, _declared
 
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+
     def hopeless(self, saved=0.0):
         self.skipped = [c.label for c in self.plan.explore]  # (left for later calls, as it reports)
         return True
