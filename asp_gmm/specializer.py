@@ -38,13 +38,8 @@ log = logging.getLogger("asp_gmm")
 #: each stopped by the policy's allowance of the call's time.
 SAMPLE_ROUNDS = 8
 
-#: A class whose planned call explored nothing (nothing left to try, or nothing that fits the
-#: allowance) reuses that plan for its next calls while the policy's state token stays the same
-#: (:meth:`asp_gmm.selection.Policy.state_token`): one call, then two, four... up to this many
-#: between plans, the span reset whenever a plan differs. Planning such a call (the policy's choice,
-#: the in-place and sampled pricing of what cannot fit) cost 0.4-0.5 ms of a 9-10 ms call on an
-#: H200 at (150 000, 19, 16) and (153 600, 32, 32) diag: 1.06x the same variant pinned, every call.
-SETTLED_CALLS = 16
+#: Calls a settled class reuses its plan for, at most (:data:`asp_gmm.selection.plan.SETTLED_CALLS`)
+SETTLED_CALLS = selection.SETTLED_CALLS
 
 
 class Specializer:
@@ -209,10 +204,9 @@ class Specializer:
         tuning = selection.autotune_enabled()
         # a settled class runs its last plan while nothing it stands on changed (SETTLED_CALLS)
         skey = (backend.selection_key(problem), selection.problem_class(problem), weighed)
-        token = sel.state_token(backend, problem) if variant is None and tuning else None
-        if token is not None:
-            token = (token, registry.all_variants())  # (declarations reloaded: new candidates)
-        plan = self._settled_plan(skey, token)
+        ask = variant is None and tuning  # (decl: the declarations reloaded mean new candidates)
+        decl = registry.all_variants()
+        plan = sel.settled_plan(self._costs.settled, skey, backend, problem, decl) if ask else None
         settled = plan is not None
         if plan is None:
             plan = sel.choose(
@@ -317,7 +311,7 @@ class Specializer:
                 # the others, which run the call's next iterations while they fit the allowance
                 in_place = InPlace(self, problem, plan, max_iters, one_iteration, spent_before)
                 hopeless = in_place.hopeless()
-                if hopeless and token is not None:
+                if hopeless and ask:
                     # (a class whose iteration is near a sample's fixed cost may explore on a
                     # sample, not gated, next time: its pricing too)
                     n = sel.sample_size(problem, len(plan.explore), max_iters)
@@ -436,13 +430,13 @@ class Specializer:
         if iters:  # this call's own time per iteration, exploring left out: the next allowance's basis
             own = time.perf_counter() - t_start - (self.last_exploration or {}).get("spent", 0.0)
             self._costs.call_seconds[selection.problem_class(problem)] = own / iters
-        if token is not None and not settled:
+        if ask and not settled:
             acct = self.last_exploration or {}
             quiet = not explored and not acct.get("runs") and used == plan.primary and pending is None
             # (candidates left for later calls: settled only until the class's savings may pay one)
             span = SETTLED_CALLS if not acct.get("skipped") else (fits_in or 1) - 1
-            if quiet and span > 0 and not plan.compile_later and not plan.confirm:
-                self._settle(skey, token, plan, span)
+            if quiet and not plan.compile_later and not plan.confirm:
+                sel.settle(self._costs.settled, skey, backend, problem, plan, span, decl)
             else:
                 self._costs.settled.pop(skey, None)
         # the candidates to explore compile after the call, not competing with it for the cores
@@ -466,38 +460,6 @@ class Specializer:
             plan.why + ("; " if plan.why and note else "") + note,
             weight_sum=N if weighed else 0.0,
         )
-
-    def _settled_plan(self, skey, token):
-        """The plan a settled class reuses for this call (taking one of its calls), or None: none
-        settled, its calls used up, or ``token`` not the one it was made under (or None)."""
-        got = self._costs.settled.get(skey)
-        if got is None or token is None:
-            return None
-        if got[0] != token or got[2] <= 0:
-            if got[0] != token:
-                self._costs.settled.pop(skey, None)
-            return None
-        got[2] -= 1
-        return got[1]
-
-    def _settle(self, skey, token, plan, most: int) -> None:
-        """Note that the class's planned call explored nothing: its next calls reuse ``plan`` (with
-        nothing to explore) while ``token`` holds, twice as many calls as last time when the plan
-        runs the same configuration, at most ``most`` (:data:`SETTLED_CALLS`, or fewer where a
-        candidate left for later may fit sooner)."""
-        old = self._costs.settled.get(skey)
-        span = 1
-        if old is not None and old[0] == token and old[1].primary == plan.primary:
-            span = 2 * old[3]
-        span = min(span, most)
-        reused = dataclasses.replace(
-            plan,
-            explore=[],
-            compile_later=[],
-            primary_in_background=False,
-            why=(plan.why + "; " if plan.why else "") + f"settled: planned again after {span} call(s)",
-        )
-        self._costs.settled[skey] = [token, reused, span, span]
 
     def prepare(self, problem: Problem, variant: str | None = None) -> int:
         """:meth:`prepare_many` of one problem."""

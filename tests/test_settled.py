@@ -196,3 +196,54 @@ def test_calls_to_fit_counts_the_calls_until_the_savings_may_pay_a_candidate(mon
     assert probe.calls_to_fit(16, sampled) == 5
     monkeypatch.setattr(explore, "sample_first", lambda sp, problem, plan, iters, saved: saved > 1.5 * per_call)
     assert probe.calls_to_fit(16, sampled) == 2
+
+
+def test_a_settled_batch_class_reuses_its_plans(tmp_path, monkeypatch, rng):
+    """Batched training and scoring settle too (the bundled meeting planned 193 batched calls of
+    18 classes); a reused plan gives the same models as a planned one."""
+    import numpy as np
+
+    from asp_gmm import score_many, train_many
+    from test_batch import _batch, _models
+
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    policy = _Counting(HistorySelector(h))
+    spec = Specializer("c", policy=policy)
+    D = 4
+    data, params = _batch(rng, D, "diag", np.float32)
+
+    def train():
+        many = _models(params, D, "diag", np.float32, "c")
+        many[0]._specializer = spec  # the batch runs with the first model's policy
+        train_many(many, data, min_em_iters=2, max_em_iters=2)
+        return many
+
+    try:
+        for _ in range(40):  # until a call explores nothing (the variants compile in the background)
+            before = policy.plans
+            many = train()
+            spec.backend.wait_background(120)
+            if "explore" not in many[0].last_train.reason and policy.plans == before + 1:
+                break
+        else:
+            pytest.fail("the batch class kept exploring for 40 calls")
+        planned, last = [], (many[0].last_variant, [np.asarray(g.means).tobytes() for g in many])
+        for _ in range(12):
+            before = policy.plans
+            got = train()
+            planned.append(policy.plans > before)
+            mine = (got[0].last_variant, [np.asarray(g.means).tobytes() for g in got])
+            if planned[-1]:
+                last = mine
+            else:  # the configuration of the last plan, and its very result
+                assert mine == last
+        # (1, 2, 4 calls reused between plans: 4 plans in 12; configurations within the timings'
+        # noise may take turns, each new plan reusing for one call)
+        assert sum(planned) <= 7, planned
+        before = policy.plans
+        for _ in range(6):
+            score_many(got, data[0])
+        assert policy.plans - before <= 3
+    finally:
+        h.close()

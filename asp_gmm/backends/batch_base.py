@@ -234,6 +234,11 @@ class BatchSupport(abc.ABC):
     def is_ready(self, variant, tunables, problem: BatchProblem) -> bool:
         return True
 
+    def readiness_token(self):
+        """A value that changes when :meth:`is_ready` may answer differently (binaries found
+        compiled or loaded in this process): a settled batch class is planned again then."""
+        return len(self._found)
+
     @abc.abstractmethod
     def kernel(self, variant, tunables, problem: BatchProblem) -> Kernel:
         """Compile (or load) the batched variant for the batch's class."""

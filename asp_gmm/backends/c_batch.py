@@ -57,6 +57,9 @@ class CBatchSupport(BatchSupport):
         tun.update(tunables or {})
         return tun
 
+    def readiness_token(self):
+        return (len(self._found), len(self._libs))
+
     def is_ready(self, variant, tunables, problem):
         tun = self._tun(variant, tunables)
         key = (variant.key, variant.source_sha256, tuple(sorted(tun.items())), problem.cvtype, problem.dtype)

@@ -138,6 +138,7 @@ from .plan import (  # noqa: F401
     PRUNE_MIN_CLASSES,
     RULE_TAIL_FACTOR,
     SAMPLE_MIN,
+    SETTLED_CALLS,
     TUNE_FRACTION,
     TUNE_GAIN,
     TUNE_PATIENCE,

@@ -147,9 +147,10 @@ class HistorySelector(Selector):
             self._disable(history, exc)
 
     # ------------------------------------------------------------------ policy
-    def state_token(self, backend, problem):
-        """The history and its index's generation (a configuration measured for the first time, a
-        failure; the medians drift slowly and a settled plan is made again every few calls)."""
+    def state_token(self, backend, problem, local=False):
+        """The history and its index's generation (a configuration measured for the first time in
+        any class, a failure; medians drift slowly: a settled plan is made again every few calls);
+        ``local``: the class's own measured configurations and the failures instead."""
         history = self.history()
         if history is None:
             return "rule"
@@ -157,7 +158,11 @@ class HistorySelector(Selector):
             idx = self.index(backend, history)
         except Exception:  # noqa: BLE001 - plan() reports a broken history; here: plan every call
             return None
-        return (id(history), id(idx), idx.generation)
+        if not local:
+            return (id(history), id(idx), idx.generation)
+        ck = problem_class(problem)
+        mine = (len(idx.classes.get(ck, ())), len(idx.sampled.get(ck, ())))
+        return (id(history), id(idx), mine, len(idx.compile_failed), len(idx.run_failed))
 
     def plan(self, backend, problem, candidates, pinned=False) -> Plan:
         if pinned or len(candidates) <= 1:

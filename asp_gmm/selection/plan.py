@@ -144,6 +144,13 @@ TUNE_PROPOSALS = 8
 #: call 10, ten combinations, none 2 % faster than V8's defaults).
 TUNE_PATIENCE = 4
 TUNE_GAIN = 0.02
+#: A class whose planned call explored nothing (nothing left to try, or nothing that fits the
+#: allowance) reuses that plan for its next calls while the policy's state token stays the same
+#: (:meth:`asp_gmm.selection.Policy.state_token`): one call, then two, four... up to this many
+#: between plans, the span reset whenever a plan differs. Planning such a call (the policy's choice,
+#: the in-place and sampled pricing of what cannot fit) cost 0.4-0.5 ms of a 9-10 ms call on an
+#: H200 at (150 000, 19, 16) and (153 600, 32, 32) diag: 1.06x the same variant pinned, every call.
+SETTLED_CALLS = 16
 #: A variant timed only on samples of a class whose best configuration ran on the whole data is
 #: run on the whole data too (in place, within the allowance) when its best sampled time is within
 #: this factor of the fastest sampled time there: a sample fits in caches where the data does not,
@@ -196,11 +203,11 @@ class Selector:
         problems would do (a history selector reads the device's rows and fits its predictors).
         The rule has none."""
 
-    def state_token(self, backend, problem: Problem):
+    def state_token(self, backend, problem: Problem, local: bool = False):
         """A value that changes whenever what :meth:`plan` decides for ``problem`` may change, or
-        None when the selector cannot say (every call is then planned). A class whose calls explore
-        nothing is re-planned only every few calls while it stays the same (see
-        :data:`asp_gmm.specializer.SETTLED_CALLS`)."""
+        None when the selector cannot say (every call is then planned); ``local``: for a plan made
+        from the class's own measurements alone (reason "history"). A class whose calls explore
+        nothing is re-planned only every few calls while it stays the same (:data:`SETTLED_CALLS`)."""
         return None
 
 
@@ -238,5 +245,5 @@ class RuleSelector(Selector):
         log.debug("rule: %s for %s on %s", best.label, problem, backend.name)
         return Plan(best, [], "rule")
 
-    def state_token(self, backend, problem: Problem):
+    def state_token(self, backend, problem: Problem, local: bool = False):
         return "rule"  # (the rule's choice depends on the candidates alone)

@@ -12,7 +12,16 @@ from ..variant import Config
 from .history import HistorySelector
 from .index import problem_class
 from . import plan as _plan
-from .plan import ESTEP_PREFERENCE, EXPLORE_FRACTION, SAMPLE_MIN, Plan, RuleSelector, Selector, rule_order
+from .plan import (
+    ESTEP_PREFERENCE,
+    EXPLORE_FRACTION,
+    SAMPLE_MIN,
+    SETTLED_CALLS,
+    Plan,
+    RuleSelector,
+    Selector,
+    rule_order,
+)
 
 log = logging.getLogger("asp_gmm")
 
@@ -106,7 +115,7 @@ class Policy:
             plan, explore=explore, compile_later=later, primary_in_background=not pinned and not ready(plan.primary)
         )
 
-    def state_token(self, backend, problem: Problem):
+    def state_token(self, backend, problem: Problem, local: bool = False):
         """What a plan for ``problem`` stands on (:meth:`Selector.state_token`, with the selector
         itself and the backend's :meth:`~asp_gmm.backends.base.Backend.readiness_token`), or None
         (plan every call): under ``ASP_GMM_DETERMINISTIC=1``, or for a selector that cannot say."""
@@ -114,10 +123,46 @@ class Policy:
             return None
         sel = self.selector
         ask = getattr(sel, "state_token", None)  # a selector need not subclass Selector
-        token = None if ask is None else ask(backend, problem)
+        token = None if ask is None else ask(backend, problem, local)
         if token is None:
             return None
         return (id(sel), token, backend.readiness_token())
+
+    def settled_plan(self, store: dict, key, backend, problem: Problem, extra=None) -> Plan | None:
+        """The plan a settled class reuses for this call (taking one of its calls) from ``store``
+        (the runtime's, per backend), or None: none settled, its calls used up, or what it stands
+        on changed (:meth:`state_token`, local for a plan from the class's own measurements, and
+        ``extra``: e.g. the declarations the candidates came from)."""
+        got = store.get(key)
+        if got is None:
+            return None
+        token = self.state_token(backend, problem, got[1].reason == "history")
+        if token is None or got[0] != (token, extra):
+            store.pop(key, None)
+            return None
+        if got[2] <= 0:
+            return None
+        got[2] -= 1
+        return got[1]
+
+    def settle(self, store: dict, key, backend, problem: Problem, plan: Plan, most: int = SETTLED_CALLS, extra=None):
+        """Note in ``store`` that the class's planned call explored nothing: its next calls reuse
+        ``plan`` (with nothing to explore) while what it stands on holds (:meth:`settled_plan`),
+        twice as many calls as last time when the plan runs the same configuration, at most
+        ``most`` (:data:`SETTLED_CALLS`, or fewer where a candidate left for later may fit sooner;
+        under 1: not settled)."""
+        token = self.state_token(backend, problem, plan.reason == "history")
+        old = store.get(key)
+        span = 1
+        if old is not None and old[0] == (token, extra) and old[1].primary == plan.primary:
+            span = 2 * old[3]
+        span = min(span, most)
+        if token is None or span < 1:
+            store.pop(key, None)
+            return
+        why = (plan.why + "; " if plan.why else "") + f"settled: planned again after {span} call(s)"
+        kept = dataclasses.replace(plan, explore=[], compile_later=[], primary_in_background=False, why=why)
+        store[key] = [(token, extra), kept, span, span]
 
     def confirm(self, backend, problem: Problem, candidates: list, plan: Plan) -> Plan | None:
         """After a call's sampled exploration: ``plan`` with the variants timed only on samples

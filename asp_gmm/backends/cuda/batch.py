@@ -66,6 +66,9 @@ class CudaBatchSupport(BatchSupport):
         p = binary_problem(problem)
         return (variant.key, variant.source_sha256, tuple(sorted(tun.items())), p.D, p.M, p.cvtype, p.dtype)
 
+    def readiness_token(self):
+        return (len(self._found), len(self._mods))
+
     def is_ready(self, variant, tunables, problem):
         tun = self._tun(variant, tunables)
         key = self._key(variant, tun, problem)
