@@ -25,12 +25,10 @@ class _Counting(Policy):
         return super().choose(*a, **kw)
 
 
-@pytest.fixture
-def settled(tmp_path, monkeypatch, rng):
-    """A specializer on a fresh history and a class trained until its calls explore nothing."""
-    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+def _settling(tmp_path, rng, be):
+    """A specializer on ``be`` and a fresh history, its class trained until its calls explore
+    nothing: (specializer, counting policy, data, history)."""
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
-    be = FakeBackend(costs=COSTS)
     policy = _Counting(HistorySelector(h))
     sp = Specializer(be, policy=policy)
     X = make_blobs(rng, 3000, 4, 3)
@@ -39,6 +37,14 @@ def settled(tmp_path, monkeypatch, rng):
         if not res.explored and res.reason == "history":
             break
     assert res.reason == "history" and not res.explored
+    return sp, policy, X, h
+
+
+@pytest.fixture
+def settled(tmp_path, monkeypatch, rng):
+    monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
+    be = FakeBackend(costs=COSTS)
+    sp, policy, X, h = _settling(tmp_path, rng, be)
     yield sp, be, policy, X, h
     h.close()
 
@@ -133,13 +139,8 @@ class _Loads(FakeBackend):
 
 def test_a_readiness_change_plans_the_next_call(tmp_path, monkeypatch, rng):
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
-    h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
     be = _Loads(costs=COSTS)
-    policy = _Counting(HistorySelector(h))
-    sp = Specializer(be, policy=policy)
-    X = make_blobs(rng, 3000, 4, 3)
-    for _ in range(6):
-        _train(sp, X, 3)
+    sp, policy, X, h = _settling(tmp_path, rng, be)
     _planned(sp, policy, X, 8)
     before = policy.plans
     _train(sp, X, 3)
