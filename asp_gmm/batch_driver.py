@@ -348,9 +348,9 @@ class BatchSpecializer:
 
     @staticmethod
     def _settled_key(kind, bp, cands):
-        """``(store, key, declarations)`` of the batch class's settled plan for ``kind`` of call
-        (training, scoring; :meth:`Policy.settled_plan`). (The bundled meeting planned 193 batched
-        calls of 18 classes: 73 ms of its 2-core CPU time.)"""
+        """``(key, declarations)`` of the batch class's settled plan for ``kind`` of call (training,
+        scoring; :meth:`Policy.settled_plan`, in the runtime's store). (The bundled meeting planned
+        193 batched calls of 18 classes: 73 ms of its 2-core CPU time.)"""
         key = ("batch", kind, selection.problem_class(bp), tuple(c.label for c in cands))
         return key, registry.all_variants()
 
