@@ -143,7 +143,7 @@ class Exploration:
         base = self.sp.policy.explore_allowance(self.problem, self.max_iters, min(rates), wall, self.fraction)
         return base + min(self.banked + saved, BANK_CALLS * base)
 
-    def _predicted(self, cfg, plan) -> float:
+    def _predicted(self, cfg, plan, loaded=None) -> float:
         """Seconds a sampled run of ``cfg`` is charged before it runs (``inf``: nothing prices it)."""
         # per-event time on a sample: measured in this call, else on samples before (a sample's
         # iteration costs more per event than the whole data's), else the whole data's
@@ -151,9 +151,9 @@ class Exploration:
         unknown = max(plan.unknown_ratio or 1.0, self.slowest / self.fastest if self.fastest else 1.0)
         prior = _ratio_or(cfg, plan.primary, self.problem.cvtype, unknown)
         ratio = 1.0 if cfg == plan.primary else plan.predicted.get(cfg, prior)
-        # (a GPU module's load, uncharged before: a call exploring V4 at (500 000, 36, 128) full
-        # spent 24 ms of a 17 ms allowance)
-        loaded = self.sp.backend.is_loaded(cfg.variant, cfg.params, self.sp_problem)
+        # (a GPU module's load, once uncharged: V4 at (500 000, 36, 128) full spent 24 of 17 ms)
+        if loaded is None:
+            loaded = self.sp.backend.is_loaded(cfg.variant, cfg.params, self.sp_problem)
         runs = _runs_each(self.sp.backend) * ratio * rate * self.sp_problem.N
         return runs + self.overhead + self._predicted_copy() + (0.0 if loaded else _first_load(self.sp))
 
@@ -181,7 +181,7 @@ class Exploration:
         for cfg in first + [c for c in plan.explore if c != plan.primary and c not in self.measured]:
             allowance = self.allowance()
             loaded = backend.is_loaded(cfg.variant, cfg.params, spp)
-            predicted = self._predicted(cfg, plan) if allowance is not None else math.inf
+            predicted = self._predicted(cfg, plan, loaded) if allowance is not None else math.inf
             if predicted < math.inf and self.spent() + predicted > allowance:
                 stopped = True
                 self.skipped.append(cfg.label)

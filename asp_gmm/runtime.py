@@ -68,8 +68,8 @@ class ExploreCosts:
     beyond the call's own iterations in this process: debited from the class's banked allowance),
     ``in_place_iter`` (problem class -> the iteration the class's last call exploring in place
     priced its allowance from) and ``settled`` (a class whose last planned call explored nothing ->
-    ``[token, plan, calls left, span]``: the plan reused while the policy's state token stays the
-    same, see :data:`asp_gmm.specializer.SETTLED_CALLS`)."""
+    ``[(token, extra), plan, calls left, span]``: the plan reused while what it stands on holds, see
+    :meth:`asp_gmm.selection.Policy.settled_plan`)."""
 
     __slots__ = (
         "overhead",
