@@ -12,6 +12,12 @@ leave-one-out over the (D, M) pairs (both N of a pair held out together) and the
 reported, beside the rule of :data:`asp_gmm.selection.PREFERENCE`::
 
     python benchmarks/rule_order.py --evaluate benchmarks/out/rule_order.json
+
+Declared ratios (the CUDA manifests' ``rule_ratio``: each variant's time over the rule's first
+choice's, smallest and largest over the grid), for variants outside the first choices too::
+
+    python benchmarks/rule_order.py --measure out.json --variants V1,V2,V6 --n 200000 --cvtypes diag
+    python benchmarks/rule_order.py --ratios out.json
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ GRID_D = [4, 19, 36, 64, 128]
 GRID_M = [8, 32, 128, 512]
 
 
-def measure(path: str, budget: float) -> None:
+def measure(path: str, budget: float, extra=(), grid_n=GRID_N, cvtypes=("diag", "full")) -> None:
     os.environ.setdefault("ASP_GMM_DB", f"sqlite:///{tempfile.mkdtemp()}/h.sqlite")
     os.environ["ASP_GMM_AUTOTUNE"] = "0"
     import asp_gmm
@@ -42,14 +48,15 @@ def measure(path: str, budget: float) -> None:
 
     be = get_backend("cuda")
     t0, rows = time.time(), []
-    for cv in ("diag", "full"):
+    for cv in cvtypes:
         for D, M in itertools.product(GRID_D, GRID_M):
             if time.time() - t0 > budget:
                 break
             asp_gmm.prepare(D, M, backend="cuda", cvtype=cv, N=max(GRID_N))
-            for N in GRID_N:
+            for N in grid_n:
                 p = Problem(N, D, M, cv, "float32")
-                cfgs = autotune.configs_for(be, p, variants=FIRSTS + ["V3"])
+                names = (FIRSTS + ["V3"]) if not extra else [rule_first(cv), *extra]
+                cfgs = autotune.configs_for(be, p, variants=names)
                 ms = autotune.measure(be, p, cfgs, repeats=3, max_seconds=0.3, min_repeats=2)
                 t = {m.config.variant.name: m.seconds for m in ms if m.status == "ok" and m.seconds}
                 rows.append({"cv": cv, "N": N, "D": D, "M": M, "t": t})
@@ -58,6 +65,27 @@ def measure(path: str, budget: float) -> None:
                 )
             with open(path, "w") as f:
                 json.dump(rows, f)
+
+
+def rule_first(cv: str) -> str:
+    """The rule's first choice for ``cv`` on CUDA (what ``rule_ratio`` is declared against)."""
+    from asp_gmm.selection import PREFERENCE
+
+    return (PREFERENCE.get(("cuda", cv)) or PREFERENCE["cuda"])[0]
+
+
+def ratios(path: str) -> None:
+    """Each measured variant's ratio to the rule's first choice: the smallest and largest over the
+    grid (a manifest's ``rule_ratio`` entry), per covariance type."""
+    rows = json.load(open(path))
+    for cv in ("diag", "full"):
+        first = rule_first(cv)
+        rs = [r for r in rows if r["cv"] == cv and first in r["t"]]
+        names = sorted({n for r in rs for n in r["t"]} - {first})
+        for n in names:
+            got = [r["t"][n] / r["t"][first] for r in rs if n in r["t"]]
+            if got:
+                print(f"{cv} {n}: {cv} = [{min(got):.2f}, {max(got):.2f}]  ({len(got)} shapes against {first})")
 
 
 def _first(order, t):
@@ -111,13 +139,20 @@ def main(argv=None):
     ap.add_argument("--measure", metavar="JSON", help="time the variants on the grid (needs a GPU)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for --measure")
     ap.add_argument("--evaluate", metavar="JSON", help="score rule orders on measured times")
+    ap.add_argument("--variants", default="", help="measure these (comma-separated) against the rule's first")
+    ap.add_argument("--n", default=",".join(map(str, GRID_N)), help="the grid's N (comma-separated)")
+    ap.add_argument("--cvtypes", default="diag,full")
+    ap.add_argument("--ratios", metavar="JSON", help="print each variant's ratio range to the rule's first")
     a = ap.parse_args(argv)
     if a.measure:
-        measure(a.measure, a.budget)
+        extra = [v for v in a.variants.split(",") if v]
+        measure(a.measure, a.budget, extra, [int(n) for n in a.n.split(",")], a.cvtypes.split(","))
     if a.evaluate:
         evaluate(a.evaluate)
-    if not (a.measure or a.evaluate):
-        ap.error("give --measure or --evaluate")
+    if a.ratios:
+        ratios(a.ratios)
+    if not (a.measure or a.evaluate or a.ratios):
+        ap.error("give --measure, --evaluate or --ratios")
 
 
 if __name__ == "__main__":
