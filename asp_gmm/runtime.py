@@ -67,7 +67,10 @@ class ExploreCosts:
     call in place), ``in_place_spent`` (problem class -> seconds that exploring in place cost
     beyond the call's own iterations in this process: debited from the class's banked allowance),
     ``in_place_iter`` (problem class -> the iteration the class's last call exploring in place
-    priced its allowance from) and ``settled`` (a class whose last planned call explored nothing ->
+    priced its allowance from), ``loop_gap`` (problem class -> the wall clock per iteration beyond
+    the kernels in its last call's EM loop), ``in_place_entry`` (problem class -> what one of its
+    iterations run alone costs beyond the loop's: each split of a call exploring in place) and
+    ``settled`` (a class whose last planned call explored nothing ->
     ``[(token, extra), plan, calls left, span]``: the plan reused while what it stands on holds, see
     :meth:`asp_gmm.selection.Policy.settled_plan`)."""
 
@@ -80,6 +83,8 @@ class ExploreCosts:
         "lookup",
         "in_place_spent",
         "in_place_iter",
+        "loop_gap",
+        "in_place_entry",
         "settled",
     )
 
@@ -92,6 +97,8 @@ class ExploreCosts:
         self.lookup: dict = {}
         self.in_place_spent: dict = {}
         self.in_place_iter: dict = {}
+        self.loop_gap: dict = {}
+        self.in_place_entry: dict = {}
         self.settled: dict = {}
 
 

@@ -386,6 +386,7 @@ class Specializer:
                     kernel = self._kernel(cfg, problem, sel, reraise=variant is not None)
                     if kernel is None:
                         continue
+                    t_loop = time.perf_counter()
                     try:
                         run = session.em(
                             kernel,
@@ -401,6 +402,9 @@ class Specializer:
                         log.warning("asp_gmm: variant %s failed at run time (%s); trying another", cfg.label, exc)
                         last_exc = exc
                         continue
+                    if run.iters >= 2:  # the loop's wall clock per iteration beyond its kernels
+                        gap = (time.perf_counter() - t_loop - sum(run.iter_seconds)) / run.iters
+                        self._costs.loop_gap[selection.problem_class(problem)] = max(gap, 0.0)
                     iters += run.iters
                     trace.extend(run.loglik_trace[1 if trace else 0 :])
                     converged = run.converged
