@@ -351,8 +351,8 @@ class InPlace:
     yet, its load (the last measured, else the backend's prior; a load may also be paid from what
     the class saved beyond :data:`BANK_CALLS` calls, the allowance then grown by it) and the
     splits it brings. What it costs is the wall clock of its iterations less the pinned loop's
-    each, plus one split for the rest of the call (a split: an iteration's wall clock beyond its
-    kernels, ``t - k``; the primary's second iteration, split for exploring, is one too).
+    each; the primary's first iterations, run alone, cost a split each (a split: an iteration's
+    wall clock beyond its kernels, ``t - k``, less the loop's part, measured by the class's last loop).
 
     Parameters
     ----------
@@ -464,7 +464,7 @@ class InPlace:
         ck, costs = selection.problem_class(self.problem), self.sp._costs
         gap = costs.loop_gap.get(ck)
         self.entry = costs.in_place_entry[ck] = 0.0 if gap is None else max(wall - self.t_kernel - gap, 0.0)
-        self.spent += self.entry if primes == 2 else 0.0  # (split for exploring only)
+        self.spent += self.entry * primes  # (the second, and the rest of the call, run alone)
         # a kernel's first launch in the session may still sit inside the timed part: where the
         # class's whole-data best is known, that part counts at no more than it (the wall clock's
         # part beyond it, the call's own per-iteration overhead, is kept)
@@ -518,7 +518,7 @@ class InPlace:
             ratio = max(sampled * problem.N / t_kernel, 1.0)
         load = sp._costs.lookup.get(selection.problem_class(problem), 0.0) if loaded else _first_load(sp)
         runs = _runs_each(sp.backend)
-        splits = (runs + (0 if self.done else 1)) * self.entry  # its runs' and, first, the rest's
+        splits = runs * self.entry  # (the rest's is spent already)
         return ratio, load, runs * max(ratio - 1.0, 0.0) * t_kernel + load + splits
 
     def price(self, cfg, t_kernel) -> float:
@@ -567,8 +567,7 @@ class InPlace:
                 self.spent += max(time.perf_counter() - t - len(runs) * self.t_iter, 0.0)
                 continue
             took = time.perf_counter() - t
-            # against the pinned loop's iterations; the rest of the call is one split more
-            self.spent += max(took - runs_each * (self.t_iter - self.entry), 0.0) + (0.0 if self.done else self.entry)
+            self.spent += max(took - runs_each * (self.t_iter - self.entry), 0.0)  # (against the loop's)
             its = " ".join(f"{r.iter_seconds[0]:.3g}" for r in runs)
             log.debug("in place %s: %.3g s for %d run(s) of %s s", cfg.label, took, runs_each, its)
             best = min(runs, key=lambda r: r.iter_seconds[0])
