@@ -374,7 +374,7 @@ class InPlace:
         self.spent_before = float(spent_before)
         self.spent, self.allowance, self.runs, self.skipped, self.done = 0.0, 0.0, 0, [], []
         self.t_iter = self.t_kernel = None
-        self.entry = 0.0  # a split iteration's wall clock beyond its kernels (:meth:`first`)
+        self.entry = 0.0  # a split iteration's wall clock beyond its kernels and the loop's part
         self.bank_for_load = 0.0  # (set with the allowance)
 
     def hopeless(self, saved: float = 0.0) -> bool:
@@ -445,7 +445,7 @@ class InPlace:
         A call's first iteration carries one-time costs outside its kernels' timing (H200,
         (1 000 000, 128, 1024) diag: 60 ms of wall clock around 15 ms of kernels, the later ones
         20 ms): priced from it, every proposal looked free (70-130 ms over the pinned call on an
-        account of 0 ms). Each split's wall clock beyond its kernels is charged (:attr:`entry`)."""
+        account of 0 ms). A split is charged its wall clock beyond its kernels and the loop's part."""
 
         def primary():
             t = time.perf_counter()

@@ -402,9 +402,12 @@ class Specializer:
                         log.warning("asp_gmm: variant %s failed at run time (%s); trying another", cfg.label, exc)
                         last_exc = exc
                         continue
-                    if run.iters >= 2:  # the loop's wall clock per iteration beyond its kernels
+                    ck = selection.problem_class(problem)
+                    if run.iters >= 2 and (used is None or ck not in self._costs.loop_gap):
+                        # the loop's wall clock per iteration beyond its kernels (the rest of a call
+                        # that explored holds a switch back: only until a whole call's is measured)
                         gap = (time.perf_counter() - t_loop - sum(run.iter_seconds)) / run.iters
-                        self._costs.loop_gap[selection.problem_class(problem)] = max(gap, 0.0)
+                        self._costs.loop_gap[ck] = max(gap, 0.0)
                     iters += run.iters
                     trace.extend(run.loglik_trace[1 if trace else 0 :])
                     converged = run.converged
