@@ -210,7 +210,7 @@ class _SplitCostBackend(FakeBackend):
 
     unknown_ratio_prior = 40.0
     sample_fixed_prior = 10.0
-    ENTRY = 0.03
+    ENTRY = 0.05
 
     def is_loaded(self, variant, tunables, problem):
         return True
@@ -247,7 +247,7 @@ def test_a_call_exploring_in_place_is_charged_for_its_splits(tmp_path, monkeypat
     (before, a split is not charged), and the faster candidate is still found."""
     monkeypatch.setenv("ASP_GMM_AUTOTUNE", "1")
     variants = [_declared("V4", (1.0, 1.0)), _declared("V3", (0.5, 1.2), {"chunk": [4, 8]})]
-    costs = {"V3": 1.5e-7, "V4": 2e-7}  # 21 and 28 ms an iteration at N = 140 000
+    costs = {"V3": 1e-7, "V4": 2e-7}  # 14 and 28 ms an iteration at N = 140 000
     h = History(f"sqlite:///{tmp_path / 'h.sqlite'}")
     be = _SplitCostBackend(variants=variants, costs=costs)
     sp = Specializer(be, HistorySelector(h))
@@ -270,6 +270,9 @@ def test_a_call_exploring_in_place_is_charged_for_its_splits(tmp_path, monkeypat
     h.close()
     assert any(spent for _, spent, _ in over) and plain, (used, over)
     own = min(plain)
-    # (0.015 s for the scheduling of the sleeps)
-    assert all(x - own <= min(spent, allowance) + 0.015 for x, spent, allowance in over), (own, over)
+    # (0.035 s a call for the scheduling of the sleeps beside other work, and the loop's part of an
+    # entry that the split's charge leaves out; the code before left out 0.06-0.1 s of each such call)
+    slack = 0.035
+    assert sum(x - own for x, _, _ in over) <= sum(spent for _, spent, _ in over) + slack * len(over), (own, over)
+    assert all(x - own <= allowance + slack for x, _, allowance in over), (own, over)
     assert used[-1] == "V3", used
