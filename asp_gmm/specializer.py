@@ -203,7 +203,8 @@ class Specializer:
         sel = self.policy
         tuning = selection.autotune_enabled()
         # a settled class runs its last plan while nothing it stands on changed (SETTLED_CALLS)
-        skey = (backend.selection_key(problem), selection.problem_class(problem), weighed)
+        ck = selection.problem_class(problem)
+        skey = (backend.selection_key(problem), ck, weighed)
         ask = variant is None and tuning  # (decl: the declarations reloaded mean new candidates)
         decl = registry.all_variants()
         plan = sel.settled_plan(self._costs.settled, skey, backend, problem, decl) if ask else None
@@ -315,7 +316,7 @@ class Specializer:
                     # (a class whose iteration is near a sample's fixed cost may explore on a
                     # sample, not gated, next time: its pricing too)
                     n = sel.sample_size(problem, len(plan.explore), max_iters)
-                    timed = self._costs.call_seconds.get(selection.problem_class(problem), 0.0) > 0
+                    timed = self._costs.call_seconds.get(ck, 0.0) > 0
                     near = not (timed and in_place_cheaper(self, problem, plan, margin=2.0))
                     probe = Exploration(self, X, problem, n, max_iters, plan) if near and n < problem.N else None
                     fits_in = in_place.calls_to_fit(SETTLED_CALLS, probe)
@@ -402,7 +403,6 @@ class Specializer:
                         log.warning("asp_gmm: variant %s failed at run time (%s); trying another", cfg.label, exc)
                         last_exc = exc
                         continue
-                    ck = selection.problem_class(problem)
                     if run.iters >= 2 and (used is None or ck not in self._costs.loop_gap):
                         # the loop's wall clock per iteration beyond its kernels (the rest of a call
                         # that explored holds a switch back: only until a whole call's is measured)
@@ -436,7 +436,7 @@ class Specializer:
             session.close()
         if iters:  # this call's own time per iteration, exploring left out: the next allowance's basis
             own = time.perf_counter() - t_start - (self.last_exploration or {}).get("spent", 0.0)
-            self._costs.call_seconds[selection.problem_class(problem)] = own / iters
+            self._costs.call_seconds[ck] = own / iters
         if ask and not settled:
             acct = self.last_exploration or {}
             quiet = not explored and not acct.get("runs") and used == plan.primary and pending is None
