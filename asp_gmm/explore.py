@@ -452,18 +452,19 @@ class InPlace:
             run = self.step(self.plan.primary, kernel, self.plan.confirm)
             return run, time.perf_counter() - t
 
-        run, wall = primary()
-        primes = 1
-        # a second where a proposal's runs and one more iteration fit after it (0 left once converged)
-        left = self.max_iters - 1 if iters_left is None else iters_left()
-        if left >= 2 + _runs_each(self.sp.backend):
-            (run, wall), primes = primary(), 2
+        steps = [primary()]
+        left = self.max_iters - 1 if iters_left is None else iters_left()  # (0 once converged)
+        if left >= 2 + _runs_each(self.sp.backend):  # a second, then a proposal's runs and one more
+            steps.append(primary())
+        (run, wall), primes = steps[-1], len(steps)
         self.t_kernel = run.iter_seconds[0] or wall
-        # an iteration run alone costs more than in the loop (uncounted: 60-80 ms over on 23-33);
-        # the loop's part is measured by the class's last loop (none yet: nothing charged)
+        # an iteration run alone costs more than in the loop (uncounted: 60-80 ms over on 23-33),
+        # less the loop's part (the class's last loop; none yet: nothing charged); noise one-sided
+        # (stalls of 100 ms beside a busy core): the least seen in these steps and before
         ck, costs = selection.problem_class(self.problem), self.sp._costs
-        gap = costs.loop_gap.get(ck)
-        self.entry = costs.in_place_entry[ck] = 0.0 if gap is None else max(wall - self.t_kernel - gap, 0.0)
+        if getattr(self.sp.backend, "split_costs_more", False) and (gap := costs.loop_gap.get(ck)) is not None:
+            now = min(max(w - (r.iter_seconds[0] or w) - gap, 0.0) for r, w in steps)
+            self.entry = costs.in_place_entry[ck] = min(now, costs.in_place_entry.get(ck, now))
         self.spent += self.entry * primes  # (the second, and the rest of the call, run alone)
         # a kernel's first launch in the session may still sit inside the timed part: where the
         # class's whole-data best is known, that part counts at no more than it (the wall clock's

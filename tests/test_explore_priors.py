@@ -210,6 +210,7 @@ class _SplitCostBackend(FakeBackend):
 
     unknown_ratio_prior = 40.0
     sample_fixed_prior = 10.0
+    split_costs_more = True
     ENTRY = 0.05
 
     def is_loaded(self, variant, tunables, problem):

@@ -164,6 +164,11 @@ class Backend(abc.ABC):
     #: sampled exploration then runs each configuration twice and keeps the faster iteration: one
     #: run's time had V7 measured 3x too slow, and never chosen where it was the fastest.
     first_launch_costs_more: bool = False
+    #: True when an EM iteration run alone (``em(max_iters=1)``) costs wall clock its timer does not
+    #: see (a device's launches, synchronisation and read-backs around kernels timed by events):
+    #: exploring in place is then charged for splitting a call (:meth:`asp_gmm.explore.InPlace.first`).
+    #: A host backend's timer holds its whole iteration.
+    split_costs_more: bool = False
     #: What a configuration nothing predicts is assumed to cost relative to the class's fastest when
     #: it would explore in place (:class:`asp_gmm.explore.InPlace`; ``Plan.unknown_ratio`` when that
     #: is wider): in place, a ratio set too low overshoots by whole iterations of the data, where a

@@ -112,6 +112,7 @@ class CudaBackend(Backend):
     name = "cuda"
     shape_specific_binaries = True
     first_launch_costs_more = True
+    split_costs_more = True
     #: the simple variants' iteration against V7's kernels at (150 000, 19, 16) diag, H200: V3 40-49x,
     #: V2 ~10x (one EM iteration timed by CUDA events); a fresh history assumed 4x and explored V3
     #: in place for 8 ms of a 0.8 ms allowance
